@@ -1,0 +1,1 @@
+"""Agents: the embedded ``expert`` and LLM agents through litellm, behind one seam."""

@@ -1,0 +1,158 @@
+"""The KForge configuration file (``kforge.yaml``), validated by pydantic.
+
+Unknown or misspelt keys are errors that name the key and its place, so a typo never silently
+falls back to a default. Snakemake reads the same file; rules pass ``Config`` digests, never
+objects, as ``params``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from kforge.schema import Policy
+
+DEFAULT_CONFIG = Path("kforge.yaml")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AgentConfig(Strict):
+    """One agent. ``kind: expert`` is the embedded deterministic agent; ``kind: litellm``
+    calls any model litellm supports (hosted or a local OpenAI-compatible server)."""
+
+    kind: Literal["expert", "litellm"]
+    model: str = "kforge/expert-v1"
+    api_base: str | None = None
+    api_key_env: str | None = None  # name of the environment variable holding the key
+    temperature: float = 0.0
+    max_tokens: int = 8192
+    seed: int | None = 0
+    timeout_s: float = 120.0
+    num_retries: int = 3
+    concurrency: int = 4
+    input_cost_per_token: float | None = None  # price override (USD); local models: 0
+    output_cost_per_token: float | None = None
+    supports_images: bool = False
+    response_format: bool = True  # ask for structured analysis output where supported
+
+
+class SuiteConfig(Strict):
+    path: str
+    preset: Literal["ci", "full", "none"] = "ci"
+    include: list[str] | None = None  # problem names (file stems); None = every *.py
+    sizes: dict[str, int] = Field(default_factory=dict)  # explicit size-constant overrides
+
+
+class RoundsConfig(Strict):
+    """Round budgets. The pipeline runs ``1 + functional + optimization`` rounds at most: a
+    repair round spends the functional budget, an optimisation round the other."""
+
+    functional: int = Field(2, ge=0, le=20)
+    optimization: int = Field(2, ge=0, le=20)
+
+    @property
+    def total(self) -> int:
+        return 1 + self.functional + self.optimization
+
+
+class VerifyConfig(Strict):
+    trials: int = Field(3, ge=1)
+    timeout_s: float = Field(120.0, gt=0)
+    memory_mb: int = Field(4096, ge=256)
+
+
+class ProfileConfig(Strict):
+    warmup: int = Field(3, ge=0)
+    reps: int = Field(20, ge=3)
+    timeout_s: float = Field(300.0, gt=0)
+    threads: int | None = None  # CPU threads for candidate and baselines (None: all cores)
+
+
+class TransferConfig(Strict):
+    enabled: bool = False
+    source_platform: str = "cpu"
+
+
+class RunConfig(Strict):
+    agents: list[str]
+    platforms: list[str]
+    suites: list[str]
+
+
+class Config(Strict):
+    store: str = "artifacts"
+    policy: Policy = "strict"
+    agents: dict[str, AgentConfig]
+    suites: dict[str, SuiteConfig]
+    run: RunConfig
+    rounds: RoundsConfig = Field(default_factory=RoundsConfig)
+    verify: VerifyConfig = Field(default_factory=VerifyConfig)
+    profile: ProfileConfig = Field(default_factory=ProfileConfig)
+    transfer: TransferConfig = Field(default_factory=TransferConfig)
+
+    @field_validator("agents", "suites")
+    @classmethod
+    def _names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in value:
+            if not name.replace("-", "").replace("_", "").isalnum():
+                raise ValueError(f"name {name!r} may hold only letters, digits, '-' and '_'")
+        return value
+
+    @model_validator(mode="after")
+    def _run_refers_to_known_names(self) -> Config:
+        for agent in self.run.agents:
+            if agent not in self.agents:
+                raise ValueError(f"run.agents names {agent!r}, not defined under agents:")
+        for suite in self.run.suites:
+            if suite not in self.suites:
+                raise ValueError(f"run.suites names {suite!r}, not defined under suites:")
+        return self
+
+    def digest(self, *parts: str) -> str:
+        """sha256 of the named top-level sections (all when none): a Snakemake ``params`` value."""
+        data = self.model_dump(mode="json")
+        chosen = {k: data[k] for k in parts} if parts else data
+        return hashlib.sha256(json.dumps(chosen, sort_keys=True).encode()).hexdigest()
+
+
+class ConfigError(ValueError):
+    """The configuration file is missing, not YAML, or not valid; the message says where."""
+
+
+def _explain(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"unknown key '{where}'")
+        else:
+            lines.append(f"'{where}': {e['msg']}")
+    return "; ".join(lines)
+
+
+def parse_config(data: Any, source: str = "<config>") -> Config:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the configuration must be a mapping, got {type(data).__name__}")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"{source}: {_explain(err)}") from None
+
+
+def load_config(path: Path | str = DEFAULT_CONFIG) -> Config:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"configuration file {path} not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    return parse_config(data, str(path))

@@ -1,0 +1,49 @@
+"""The platform seam: describe, one-shot example, build; verification and profiling run in a
+sandboxed worker process that calls the platform's hooks (see ``kforge.worker``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from kforge.schema import BuildResult, OneShotExample, PlatformInfo
+
+REFS_DIR = Path(__file__).resolve().parents[2] / "refs"
+
+
+class Platform(Protocol):
+    name: str
+    language: str
+
+    def describe(self) -> PlatformInfo:
+        """Whether candidates can be built and run on this host, and if not, why."""
+        ...
+
+    def build(self, source: str, workdir: Path) -> BuildResult:
+        """Compile the kernels a candidate module embeds (no execution of the candidate)."""
+        ...
+
+    def device(self) -> str:
+        """The torch device string candidates run on ("cpu", "cuda")."""
+        ...
+
+    def worker_env(self, build_dir: Path) -> dict[str, str]:
+        """Extra environment for the sandboxed worker that imports and runs candidates
+        (e.g. ``TRITON_INTERPRET=1`` on a CPU-only host, where prebuilt libraries live)."""
+        ...
+
+
+def load_example(platform: str, refs_dir: Path = REFS_DIR) -> OneShotExample:
+    """Read ``refs/<platform>/{problem.py,solution.py,NOTES.md}``."""
+    folder = refs_dir / platform
+    missing = [f for f in ("problem.py", "solution.py", "NOTES.md") if not (folder / f).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"platform {platform!r} has no complete one-shot example in {folder}: missing {missing}"
+        )
+    return OneShotExample(
+        platform=platform,
+        problem_source=(folder / "problem.py").read_text(),
+        solution_source=(folder / "solution.py").read_text(),
+        notes=(folder / "NOTES.md").read_text(),
+    )

@@ -1,0 +1,224 @@
+"""Records exchanged between KForge stages.
+
+Every artifact the pipeline writes is one of these pydantic models, serialised as canonical
+JSON and stored by content (see ``kforge.store``). They are the contract between stages,
+agents and platforms::
+
+    Problem ──> GenerationRequest ──agent──> GenerationResult (candidate source)
+                                               │
+                         platform.build ──> BuildResult
+                         verifier       ──> Verdict (reason codes, errors)
+                         profiler       ──> Profile (timings, kernel table, roofline)
+                                               │
+    AnalysisRequest ──agent──> Recommendation ─┘──> next GenerationRequest (refine)
+
+Agents (the embedded ``expert`` or an LLM through litellm) and platforms (``cpu``,
+``triton``, ``cuda``, ``metal``) only ever see and return these records.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Policy = Literal["strict", "relaxed"]
+Role = Literal["generate", "analyze"]
+
+TOLERANCES: dict[str, float] = {"strict": 1e-4, "relaxed": 1e-2}
+
+
+class Record(BaseModel):
+    """Base for every stored record: unknown keys are errors, values are plain JSON."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# --------------------------------------------------------------------------- problems
+
+
+class ProblemMeta(Record):
+    """What the loader learned about one KernelBench-format problem."""
+
+    name: str
+    suite: str
+    path: str
+    source_digest: str
+    preset: str
+    category: str = "unknown"
+    flops: float = 0.0
+    min_bytes: float = 0.0
+    degenerate: list[str] = Field(default_factory=list)
+    error: str | None = None
+
+
+# --------------------------------------------------------------------------- platforms
+
+
+class PlatformInfo(Record):
+    name: str
+    language: str
+    runnable: bool
+    can_build: bool
+    reason: str = ""
+    missing: list[str] = Field(default_factory=list)
+    interpreted: bool = False  # runs, but only for correctness (e.g. TRITON_INTERPRET=1)
+
+
+class OneShotExample(Record):
+    """A platform's one-shot example from ``refs/<platform>/``."""
+
+    platform: str
+    problem_source: str
+    solution_source: str
+    notes: str
+
+
+class BuildResult(Record):
+    ok: bool
+    seconds: float
+    log: str = ""
+    artifact: str | None = None  # path of the built library or module, when any
+    tool_versions: dict[str, str] = Field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- verification
+
+
+class Verdict(Record):
+    """Outcome of verifying one candidate against its reference."""
+
+    ok: bool
+    reason: str  # "ok" or a machine-readable reason code, e.g. "mismatch", "timeout"
+    detail: str = ""
+    policy: Policy
+    atol: float
+    rtol: float
+    trials: int = 0
+    max_abs_err: float | None = None
+    rel_err_norm: float | None = None
+    sandbox: str = "subprocess"
+    interpreted: bool = False  # e.g. Triton under TRITON_INTERPRET=1
+    device: str = "cpu"
+    seconds: float = 0.0
+
+
+# --------------------------------------------------------------------------- profiling
+
+
+class KernelStat(Record):
+    name: str
+    calls: int
+    total_us: float
+
+
+class Timing(Record):
+    median_ms: float
+    mean_ms: float
+    cv: float
+    reps: int
+    min_ms: float
+
+
+class Profile(Record):
+    """Timing and profile summary of one candidate; baselines when timed in the same run."""
+
+    ok: bool
+    reason: str = "ok"
+    detail: str = ""
+    device: str = "cpu"
+    candidate: Timing | None = None
+    eager: Timing | None = None
+    compiled: Timing | None = None
+    kernels: list[KernelStat] = Field(default_factory=list)
+    flops: float = 0.0
+    min_bytes: float = 0.0
+    achieved_gflops: float = 0.0
+    achieved_gbps: float = 0.0
+    peak_gflops: float = 0.0
+    peak_gbps: float = 0.0
+    roofline_ms: float = 0.0
+    extra: dict[str, Any] = Field(default_factory=dict)  # ncu metrics, clocks, threads
+
+
+# --------------------------------------------------------------------------- agents
+
+
+class Usage(Record):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+class Transcript(Record):
+    """One agent call, whatever the agent: same schema for the expert and for LLMs."""
+
+    agent: str
+    model: str
+    role: Role
+    messages: list[dict[str, Any]]
+    response: str
+    usage: Usage = Field(default_factory=Usage)
+    latency_s: float = 0.0
+    litellm_version: str | None = None
+    request_digest: str = ""
+    error: str | None = None
+
+
+class Feedback(Record):
+    """What went wrong last round, for a functional (repair) pass."""
+
+    stage: Literal["generate", "compile", "verify", "profile"]
+    reason: str
+    detail: str
+
+
+class Action(Record):
+    kind: str  # e.g. "parallelize", "vectorize", "tile", "fuse", "block_size", "precision"
+    params: dict[str, Any] = Field(default_factory=dict)
+    expected_gain: float = 1.0
+    rationale: str = ""
+
+
+class Recommendation(Record):
+    bottleneck: Literal["memory", "compute", "latency", "launch", "unknown"]
+    evidence: dict[str, float] = Field(default_factory=dict)
+    actions: list[Action] = Field(default_factory=list)
+    summary: str = ""
+
+
+class GenerationRequest(Record):
+    problem_name: str
+    problem_source: str
+    platform: str
+    example: OneShotExample
+    policy: Policy
+    round: int
+    previous_source: str | None = None
+    previous_plan: dict[str, Any] = Field(default_factory=dict)
+    feedback: list[Feedback] = Field(default_factory=list)
+    recommendation: Recommendation | None = None
+    transfer_source: str | None = None  # a verified kernel from another platform
+    transfer_platform: str | None = None
+
+
+class GenerationResult(Record):
+    source: str | None  # the candidate module (defines ModelNew); None when extraction failed
+    extraction: str = "ok"  # "ok", "no_code_block", "truncated", "multiple_blocks_joined", ...
+    plan: dict[str, Any] = Field(default_factory=dict)  # agent-private state carried to refine
+    transcript: Transcript
+
+
+class AnalysisRequest(Record):
+    problem_name: str
+    platform: str
+    policy: Policy
+    candidate_source: str
+    plan: dict[str, Any] = Field(default_factory=dict)
+    profile: Profile
+    timeline_png: str | None = None  # base64 picture of the profile, for models that see images
+
+
+class AnalysisResult(Record):
+    recommendation: Recommendation
+    transcript: Transcript
