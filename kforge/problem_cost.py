@@ -1,0 +1,177 @@
+"""FLOP and minimum-byte counts of a problem's reference forward, and the ci shrink.
+
+FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` for what it knows (matmuls, convs,
+attention: 2 FLOPs per multiply-add), plus an estimate for the ops it ignores:
+1 FLOP per output element for pointwise ops (``torch.Tag.pointwise``) and 1 FLOP per
+element of the largest operand for other computing ops (reductions, softmax, norms,
+pooling, scans). Views, copies and factories count nothing.
+
+Minimum bytes: every tensor input, parameter and buffer read once plus every output tensor
+written once; what any kernel, however fused, must move.
+
+Both are measured on the ``meta`` device, so even full (GPU-scale) sizes cost nothing; a
+problem whose forward cannot run on meta is measured on the CPU instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import types
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import FlopCounterMode
+
+if TYPE_CHECKING:
+    from kforge.problems import LoadedProblem
+
+__all__ = ["count_costs", "count_flops", "flops_and_bytes", "generic_shrink", "tensor_bytes"]
+
+CI_MAX_INPUT_ELEMENTS = 2**20
+CI_MAX_PARAM_ELEMENTS = 2**22
+CI_MAX_FLOPS = 2.0**30
+MIN_SHRINKABLE = 16  # constants below this (kernel sizes, strides, dims) are never halved
+
+_FREE = {
+    "clone", "copy_", "_to_copy", "detach", "alias", "lift_fresh", "lift_fresh_copy",
+    "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like",
+    "full", "full_like", "fill_", "zero_", "new_empty", "new_zeros", "new_ones", "new_full",
+    "randn", "rand", "randint", "normal_", "uniform_", "scalar_tensor", "arange",
+    "_local_scalar_dense", "contiguous", "cat", "stack", "index_select", "gather",
+    "constant_pad_nd", "repeat", "where_self_out",
+}  # fmt: skip
+
+
+class _PointwiseCounter(TorchDispatchMode):
+    """Counts the ops ``FlopCounterMode`` ignores (pushed inside it, so it sees ops first)."""
+
+    def __init__(self, known: set[Any]):
+        super().__init__()
+        self.known = known
+        self.flops = 0.0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        out = func(*args, **(kwargs or {}))
+        packet = func.overloadpacket
+        name = packet.__name__
+        if packet in self.known or func.is_view or name in _FREE:
+            return out
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        if torch.Tag.pointwise in func.tags:
+            self.flops += sum(t.numel() for t in outs)
+        else:
+            flat = tree_flatten((args, kwargs or {}))[0]
+            operands = [t.numel() for t in flat if isinstance(t, torch.Tensor)]
+            self.flops += max(operands + [t.numel() for t in outs] + [0])
+        return out
+
+
+def tensor_bytes(value: Any) -> int:
+    """Bytes of every tensor in a (nested) value."""
+    flat = tree_flatten(value)[0]
+    return sum(t.numel() * t.element_size() for t in flat if isinstance(t, torch.Tensor))
+
+
+def count_costs(model: torch.nn.Module, inputs: list[Any]) -> tuple[float, float, Any]:
+    """Run ``model(*inputs)`` once under the counters: (flops, min_bytes, output)."""
+    counter = FlopCounterMode(display=False)
+    pointwise = _PointwiseCounter(set(counter.flop_registry))
+    with torch.no_grad(), counter, pointwise:
+        output = model(*inputs)
+    state = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    state_bytes = sum(t.numel() * t.element_size() for t in state.values())
+    min_bytes = tensor_bytes(inputs) + state_bytes + tensor_bytes(output)
+    return float(counter.get_total_flops()) + pointwise.flops, float(min_bytes), output
+
+
+def count_flops(model: torch.nn.Module, inputs: list[Any]) -> float:
+    return count_costs(model, inputs)[0]
+
+
+def _build(module: types.ModuleType, device: str) -> tuple[torch.nn.Module, list[Any]]:
+    with torch.device(device):
+        model = module.Model(*module.get_init_inputs())
+        inputs = list(module.get_inputs())
+    return model, inputs
+
+
+def flops_and_bytes(problem: LoadedProblem) -> tuple[float, float]:
+    """(FLOPs, minimum bytes) of one reference forward at the problem's effective sizes."""
+    try:
+        flops, nbytes, _ = count_costs(*_build(problem.module, "meta"))
+    except Exception:  # noqa: BLE001 - some forwards cannot run on meta: count on the CPU
+        torch.manual_seed(0)
+        flops, nbytes, _ = count_costs(*_build(problem.module, "cpu"))
+    return flops, nbytes
+
+
+# --------------------------------------------------------------------------- ci shrink
+
+
+@dataclass(frozen=True)
+class _Probe:
+    input_elements: int
+    param_elements: int
+    flops: float
+
+    def within_budget(self) -> bool:
+        return (
+            self.input_elements <= CI_MAX_INPUT_ELEMENTS
+            and self.param_elements <= CI_MAX_PARAM_ELEMENTS
+            and self.flops <= CI_MAX_FLOPS
+        )
+
+
+def _probe(module: types.ModuleType, values: dict[str, int], forward: bool) -> _Probe | None:
+    """Build the model and inputs on ``meta`` with ``values``; None when that fails."""
+    saved = {key: getattr(module, key) for key in values}
+    try:
+        for key, value in values.items():
+            setattr(module, key, value)
+        model, inputs = _build(module, "meta")
+        flops = count_flops(model, inputs) if forward else 0.0
+        n_in = sum(t.numel() for t in inputs if isinstance(t, torch.Tensor))
+        n_par = sum(t.numel() for t in itertools.chain(model.parameters(), model.buffers()))
+        return _Probe(n_in, n_par, flops)
+    except Exception:  # noqa: BLE001 - an invalid size combination
+        return None
+    finally:
+        for key, value in saved.items():
+            setattr(module, key, value)
+
+
+def generic_shrink(module: types.ModuleType, sizes: dict[str, int]) -> dict[str, int]:
+    """Deterministic ci sizes for a file without ``PRESETS["ci"]``.
+
+    Repeatedly halve the largest of ``sizes`` (ties: alphabetical name) that is at least
+    ``MIN_SHRINKABLE``, until the inputs hold at most ``CI_MAX_INPUT_ELEMENTS`` elements,
+    the parameters and buffers at most ``CI_MAX_PARAM_ELEMENTS`` and the forward at most
+    ``CI_MAX_FLOPS``. A halving that makes the model, its inputs or (when the original
+    forward runs on meta) the forward fail is undone and that constant is frozen. Returns
+    only the changed constants; {} when even the original sizes cannot be built on meta.
+    """
+    forward = _probe(module, sizes, forward=True) is not None
+    current = dict(sizes)
+    probe = _probe(module, current, forward=forward)
+    if probe is None:
+        return {}
+    frozen: set[str] = set()
+    while not probe.within_budget():
+        candidates = [
+            (value, key)
+            for key, value in current.items()
+            if key not in frozen and value >= MIN_SHRINKABLE
+        ]
+        if not candidates:
+            break
+        value, key = min(candidates, key=lambda vk: (-vk[0], vk[1]))
+        trial = {**current, key: value // 2}
+        result = _probe(module, trial, forward=forward)
+        if result is None:
+            frozen.add(key)
+            continue
+        current, probe = trial, result
+    return {key: value for key, value in current.items() if value != sizes[key]}
