@@ -1,0 +1,66 @@
+"""The ``cpu`` platform: C++17 + OpenMP kernels, built with g++, called through ctypes.
+
+See :mod:`kforge.platforms.cpu_runtime` for the candidate convention and ``refs/cpu/`` for
+the one-shot example.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from kforge.agents.prompting import truncate
+from kforge.platforms import cpu_runtime
+from kforge.schema import BuildResult, PlatformInfo
+
+BUILD_LOG_CHARS = 4000
+
+
+class CpuPlatform:
+    name = "cpu"
+    language = "C++17 + OpenMP (ctypes)"
+
+    def describe(self) -> PlatformInfo:
+        missing = [tool for tool in (cpu_runtime.CXX,) if shutil.which(tool) is None]
+        if missing:
+            return PlatformInfo(
+                name=self.name, language=self.language, runnable=False, can_build=False,
+                reason=f"missing tools: {', '.join(missing)} (install g++ with OpenMP)",
+                missing=missing,
+            )
+        return PlatformInfo(name=self.name, language=self.language, runnable=True, can_build=True)
+
+    def tool_versions(self) -> dict[str, str]:
+        try:
+            return {"g++": cpu_runtime.compiler_version(), "flags": " ".join(cpu_runtime.CXX_FLAGS)}
+        except cpu_runtime.CpuRuntimeError:
+            return {}
+
+    def build(self, source: str, workdir: Path) -> BuildResult:
+        """Extract ``CPP_SOURCE`` with ``ast`` and compile it into ``workdir`` (the build dir
+        the worker later gets through :meth:`worker_env`)."""
+        start = time.perf_counter()
+        versions = self.tool_versions()
+        try:
+            cpp = cpu_runtime.extract_cpp_source(source)
+            path, log, _ = cpu_runtime.build_library(cpp, Path(workdir))
+        except cpu_runtime.BuildError as err:
+            return BuildResult(ok=False, seconds=time.perf_counter() - start,
+                               log=truncate(f"{err}\n{err.log}", BUILD_LOG_CHARS),
+                               tool_versions=versions)
+        except cpu_runtime.CpuRuntimeError as err:
+            return BuildResult(ok=False, seconds=time.perf_counter() - start,
+                               log=truncate(str(err), BUILD_LOG_CHARS), tool_versions=versions)
+        return BuildResult(ok=True, seconds=time.perf_counter() - start,
+                           log=truncate(log, BUILD_LOG_CHARS), artifact=str(path),
+                           tool_versions=versions)
+
+    def device(self) -> str:
+        return "cpu"
+
+    def worker_env(self, build_dir: Path) -> dict[str, str]:
+        return {"KFORGE_BUILD_DIR": str(build_dir), "KFORGE_NO_BUILD": "1"}
+
+
+PLATFORM = CpuPlatform()
