@@ -358,7 +358,8 @@ def degenerate_flags(problem: LoadedProblem, seed: int = 0, tol: float = 1e-4) -
     if _passes([torch.zeros_like(t, dtype=torch.float64) for t in first], first, tol):
         flags.append("zero_output_passes")
     constant = [torch.full_like(t, float(t.double().mean()), dtype=torch.float64) for t in first]
-    if _passes(constant, first, tol):
+    # A scalar output (a loss) is trivially equal to its own mean: not a degenerate problem.
+    if any(t.numel() > 1 for t in first) and _passes(constant, first, tol):
         flags.append("constant_output_passes")
     head = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
     if head is not None and len(first) == 1 and _passes([head], first, tol):

@@ -1,0 +1,27 @@
+"""Hyperbolic tangent on a [B, N] matrix. A fast-math tanh approximation may break fp32
+tolerances near zero.
+"""
+
+import torch
+import torch.nn as nn
+
+CATEGORY = "elementwise"
+batch_size = 16384
+dim = 32768
+PRESETS = {"ci": {"batch_size": 512, "dim": 4096}}
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x)
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []

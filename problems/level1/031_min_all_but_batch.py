@@ -1,0 +1,28 @@
+"""Minimum over the last two dimensions of a [B, R, C] tensor, giving [B]: a large reduction
+per output that needs several blocks and a second pass (or atomics).
+"""
+
+import torch
+import torch.nn as nn
+
+CATEGORY = "reduction"
+batch_size = 128
+rows = 4096
+cols = 4096
+PRESETS = {"ci": {"batch_size": 16, "rows": 256, "cols": 1024}}
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.amin(x, dim=(1, 2))
+
+
+def get_inputs():
+    return [torch.randn(batch_size, rows, cols)]
+
+
+def get_init_inputs():
+    return []
