@@ -11,7 +11,9 @@ in_channels = 64
 out_channels = 128
 height = 128
 width = 128
-PRESETS = {"ci": {"batch_size": 16, "in_channels": 16, "out_channels": 32, "height": 32, "width": 32}}
+PRESETS = {
+    "ci": {"batch_size": 16, "in_channels": 16, "out_channels": 32, "height": 32, "width": 32}
+}
 
 
 class Model(nn.Module):

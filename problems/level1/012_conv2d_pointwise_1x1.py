@@ -11,7 +11,9 @@ in_channels = 256
 out_channels = 256
 height = 64
 width = 64
-PRESETS = {"ci": {"batch_size": 8, "in_channels": 64, "out_channels": 64, "height": 32, "width": 32}}
+PRESETS = {
+    "ci": {"batch_size": 8, "in_channels": 64, "out_channels": 64, "height": 32, "width": 32}
+}
 
 
 class Model(nn.Module):

@@ -17,7 +17,9 @@ PRESETS = {"ci": {"batch_size": 8, "in_channels": 8, "out_channels": 16, "height
 class Model(nn.Module):
     def __init__(self, in_channels: int, out_channels: int):
         super().__init__()
-        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size=5, stride=2, padding=2, bias=False)
+        self.conv = nn.Conv2d(
+            in_channels, out_channels, kernel_size=5, stride=2, padding=2, bias=False
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv(x)

@@ -1,5 +1,4 @@
-"""Sigmoid on a [B, N] matrix. Needs a numerically safe exp for large negative inputs.
-"""
+"""Sigmoid on a [B, N] matrix. Needs a numerically safe exp for large negative inputs."""
 
 import torch
 import torch.nn as nn

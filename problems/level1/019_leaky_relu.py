@@ -1,5 +1,4 @@
-"""Leaky ReLU with negative slope 0.01 on a [B, N] matrix: a branch-free select per element.
-"""
+"""Leaky ReLU with negative slope 0.01 on a [B, N] matrix: a branch-free select per element."""
 
 import torch
 import torch.nn as nn

@@ -21,7 +21,10 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.log_softmax(torch.randn(batch_size, dim), dim=-1), torch.softmax(torch.randn(batch_size, dim), dim=-1)]
+    return [
+        torch.log_softmax(torch.randn(batch_size, dim), dim=-1),
+        torch.softmax(torch.randn(batch_size, dim), dim=-1),
+    ]
 
 
 def get_init_inputs():

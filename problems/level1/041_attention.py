@@ -23,7 +23,11 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, heads, seq_len, head_dim), torch.randn(batch_size, heads, seq_len, head_dim), torch.randn(batch_size, heads, seq_len, head_dim)]
+    return [
+        torch.randn(batch_size, heads, seq_len, head_dim),
+        torch.randn(batch_size, heads, seq_len, head_dim),
+        torch.randn(batch_size, heads, seq_len, head_dim),
+    ]
 
 
 def get_init_inputs():
