@@ -1,0 +1,33 @@
+"""3x3 convolution, hard-swish, then clamp to [0, 1]: two cheap pointwise epilogue ops."""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+CATEGORY = "conv_epilogue"
+batch_size = 64
+in_channels = 64
+out_channels = 128
+height = 128
+width = 128
+PRESETS = {
+    "ci": {"batch_size": 8, "in_channels": 16, "out_channels": 32, "height": 32, "width": 32}
+}
+
+
+class Model(nn.Module):
+    def __init__(self, in_channels: int, out_channels: int):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size=3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return torch.clamp(F.hardswish(y), 0.0, 1.0)
+
+
+def get_inputs():
+    return [torch.randn(batch_size, in_channels, height, width)]
+
+
+def get_init_inputs():
+    return [in_channels, out_channels]

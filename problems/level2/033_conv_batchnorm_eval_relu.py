@@ -1,0 +1,39 @@
+"""3x3 convolution, BatchNorm2d in inference mode (running statistics, switched to eval in
+__init__), then ReLU. The batchnorm folds into the convolution weights and bias.
+"""
+
+import torch
+import torch.nn as nn
+
+CATEGORY = "conv_epilogue"
+batch_size = 64
+in_channels = 64
+out_channels = 128
+height = 128
+width = 128
+PRESETS = {
+    "ci": {"batch_size": 8, "in_channels": 16, "out_channels": 32, "height": 32, "width": 32}
+}
+
+
+class Model(nn.Module):
+    def __init__(self, in_channels: int, out_channels: int):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size=3)
+        self.norm = nn.BatchNorm2d(out_channels)
+        with torch.no_grad():
+            self.norm.running_mean.copy_(0.1 * torch.randn(out_channels))
+            self.norm.running_var.copy_(1.0 + 0.1 * torch.rand(out_channels))
+        self.norm.eval()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return torch.relu(self.norm(y))
+
+
+def get_inputs():
+    return [torch.randn(batch_size, in_channels, height, width)]
+
+
+def get_init_inputs():
+    return [in_channels, out_channels]
