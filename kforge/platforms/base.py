@@ -33,9 +33,19 @@ class Platform(Protocol):
         ...
 
 
-def load_example(platform: str, refs_dir: Path = REFS_DIR) -> OneShotExample:
-    """Read ``refs/<platform>/{problem.py,solution.py,NOTES.md}``."""
-    folder = refs_dir / platform
+def load_example(platform: str, refs_dir: Path | None = None) -> OneShotExample:
+    """Read ``refs/<platform>/{problem.py,solution.py,NOTES.md}``.
+
+    An adapter may name its own folder with a ``refs_dir`` attribute (platforms that live
+    outside this package); otherwise ``refs_dir / platform`` (default: the repo's ``refs/``).
+    """
+    if refs_dir is not None:
+        folder = refs_dir / platform
+    else:
+        from kforge.platforms import get_platform
+
+        folder = getattr(get_platform(platform), "refs_dir", None) or REFS_DIR / platform
+    folder = Path(folder)
     missing = [f for f in ("problem.py", "solution.py", "NOTES.md") if not (folder / f).is_file()]
     if missing:
         raise FileNotFoundError(

@@ -1,0 +1,18 @@
+# KForge: the whole loop as a Snakemake workflow. Stages live in rules/<stage>.smk, logic in
+# the kforge package. Run: snakemake --cores 4 artifacts/report.parquet
+include: "rules/common.smk"
+include: "rules/problem.smk"
+include: "rules/example.smk"
+include: "rules/generate.smk"
+include: "rules/compile.smk"
+include: "rules/verify.smk"
+include: "rules/profile.smk"
+include: "rules/analyze.smk"
+include: "rules/refine.smk"
+include: "rules/report.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        f"{ROOT}/report.parquet",

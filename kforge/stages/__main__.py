@@ -1,0 +1,84 @@
+"""``python -m kforge.stages <stage> --config RESOLVED.json [options]``: what each rule runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kforge.stages.context import StageContext
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m kforge.stages")
+    p.add_argument("stage", choices=[
+        "problem", "example", "generate", "compile", "verify", "profile", "analyze", "refine", "select",
+        "tables", "report",
+    ])
+    p.add_argument("--config", required=True, type=Path)
+    for name in ("agent", "platform", "suite", "problem"):
+        p.add_argument(f"--{name}")
+    p.add_argument("--round", type=int, default=0)
+    for name in ("out", "out-dir", "kernel", "candidate", "compile-record", "verify-record", "profile-record",
+                 "problem-record", "example-record", "prev-dir"):
+        p.add_argument(f"--{name}", type=Path)
+    p.add_argument("--inputs", nargs="*", type=Path, default=[])
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    ctx = StageContext.from_file(a.config)
+    if a.stage == "problem":
+        from kforge.stages.problem import run_problem
+
+        run_problem(ctx, a.suite, a.problem, a.out)
+    elif a.stage == "example":
+        from kforge.stages.example import run_example
+
+        run_example(ctx, a.platform, a.out)
+    elif a.stage == "generate":
+        from kforge.stages.generate import run_generate
+
+        run_generate(ctx, agent=a.agent, platform=a.platform, suite=a.suite, problem=a.problem,
+                     problem_record=a.problem_record, example_record=a.example_record, out_dir=a.out_dir)
+    elif a.stage == "refine":
+        from kforge.stages.refine import run_refine
+
+        run_refine(ctx, round=a.round, prev_dir=a.prev_dir, problem_record=a.problem_record,
+                   example_record=a.example_record, out_dir=a.out_dir)
+    elif a.stage == "compile":
+        from kforge.stages.compile import run_compile
+
+        run_compile(ctx, platform=a.platform, kernel=a.kernel, out=a.out)
+    elif a.stage == "verify":
+        from kforge.stages.verify import run_verify
+
+        run_verify(ctx, platform=a.platform, suite=a.suite, problem=a.problem, kernel=a.kernel,
+                   compile_record=a.compile_record, out=a.out)
+    elif a.stage == "profile":
+        from kforge.stages.profile import run_profile
+
+        run_profile(ctx, platform=a.platform, suite=a.suite, problem=a.problem, kernel=a.kernel,
+                    verify_record=a.verify_record, out=a.out)
+    elif a.stage == "analyze":
+        from kforge.stages.analyze import run_analyze
+
+        run_analyze(ctx, candidate=a.candidate, kernel=a.kernel, profile_record=a.profile_record, out=a.out)
+    elif a.stage == "select":
+        from kforge.stages.select import run_select
+
+        run_select(ctx, round_dirs=a.inputs, out=a.out)
+    elif a.stage == "tables":
+        from kforge.stages.report import run_tables
+
+        run_tables(ctx, records=a.inputs, out_dir=a.out_dir)
+    elif a.stage == "report":
+        from kforge.stages.report import run_report
+
+        run_report(ctx, selections=a.inputs, out=a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Stage `generate`: round 0, the agent's first candidate for (agent, platform, problem)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kforge.schema import GenerationRequest
+from kforge.stages.agent_calls import generate_cached, load_example_blob, write_candidate
+from kforge.stages.context import StageContext, record_digest
+from kforge.stages.records import CandidateRecord
+
+
+def run_generate(
+    ctx: StageContext,
+    *,
+    agent: str,
+    platform: str,
+    suite: str,
+    problem: str,
+    problem_record: Path,
+    example_record: Path,
+    out_dir: Path,
+) -> CandidateRecord:
+    source = ctx.problem_path(suite, problem).read_text()
+    request = GenerationRequest(
+        problem_name=problem,
+        problem_source=source,
+        platform=platform,
+        example=load_example_blob(ctx, example_record),
+        policy=ctx.config.policy,
+        round=0,
+    )
+    result = generate_cached(ctx, agent, request)
+    return write_candidate(
+        ctx,
+        agent=agent,
+        platform=platform,
+        suite=suite,
+        problem=problem,
+        round=0,
+        mode="initial",
+        result=result,
+        parent=None,
+        used={"problem": record_digest(problem_record), "example": record_digest(example_record)},
+        functional_used=0,
+        optimization_used=0,
+        seconds=result.transcript.latency_s,
+        out_dir=out_dir,
+    )

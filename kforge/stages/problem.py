@@ -1,0 +1,35 @@
+"""Stage `problem`: load and validate one KernelBench-format problem; record its metadata."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kforge.schema import ProblemMeta
+from kforge.stages.context import StageContext, write_record
+from kforge.store import sha256_bytes
+
+
+def run_problem(ctx: StageContext, suite: str, problem: str, out: Path) -> ProblemMeta:
+    path = ctx.problem_path(suite, problem)
+    settings = ctx.config.suites[suite]
+    source = path.read_bytes()
+    key = ctx.action_key(
+        "problem", source=sha256_bytes(source), preset=settings.preset, sizes=settings.sizes, suite=suite, name=problem
+    )
+    meta = ctx.cached(key, ProblemMeta)
+    if meta is None:
+        from kforge.problems import ProblemError, load_problem, problem_meta
+
+        try:
+            loaded = load_problem(path, suite=suite, preset=settings.preset, sizes=settings.sizes)
+            meta = problem_meta(loaded)
+        except ProblemError as err:
+            meta = ProblemMeta(
+                name=problem, suite=suite, path=str(path), source_digest=sha256_bytes(source),
+                preset=settings.preset, error=str(err),
+            )
+        ctx.store.put_bytes(source)
+        ctx.ledger("problem", suite=suite, problem=problem)
+        ctx.remember(key, meta, [meta.source_digest])
+    write_record(out, meta, ctx.store)
+    return meta

@@ -1,0 +1,53 @@
+"""Stage `profile`: time and profile a verified candidate (the analysis agent's evidence).
+
+Per-round profiles time the candidate alone; the `select` stage re-times the best round
+against eager and torch.compile in one process, which is what the report's speedups use.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kforge.stages.context import StageContext, read_record, write_record
+from kforge.stages.records import ProfileRecord, VerifyRecord
+
+
+def host_peaks(ctx: StageContext, device: str):  # type: ignore[no-untyped-def]
+    """Device peaks (copy bandwidth, matmul rate), measured once per host and cached."""
+    from kforge.verifier import measure_peaks
+
+    return measure_peaks(device, ctx.root / "host")
+
+
+def run_profile(
+    ctx: StageContext, *, platform: str, suite: str, problem: str, kernel: Path, verify_record: Path, out: Path
+) -> ProfileRecord:
+    verified = read_record(verify_record, VerifyRecord)
+    base = {"platform": platform, "problem_source": verified.problem_source, "source": verified.source}
+    if not verified.verdict.ok:
+        record = ProfileRecord(**base, skipped=f"not verified ({verified.verdict.reason})")
+    elif verified.verdict.interpreted:
+        record = ProfileRecord(**base, skipped="interpreted run: correctness only, never timed")
+    else:
+        suite_cfg, prof = ctx.config.suites[suite], ctx.config.profile
+        key = ctx.action_key(
+            "profile", **base, preset=suite_cfg.preset, sizes=suite_cfg.sizes,
+            settings=prof.model_dump(mode="json"), device=verified.verdict.device,
+        )
+        cached = ctx.cached(key, ProfileRecord)
+        if cached is not None:
+            write_record(out, cached, ctx.store)
+            return cached
+        from kforge.verifier import profile_candidate
+
+        profile = profile_candidate(
+            kernel.read_text(), ctx.problem_path(suite, problem), platform=platform,
+            preset=suite_cfg.preset, sizes=suite_cfg.sizes, build_dir=ctx.build_dir.resolve(),
+            baselines=False, warmup=prof.warmup, reps=prof.reps, threads=prof.threads,
+            timeout_s=prof.timeout_s, peaks=host_peaks(ctx, verified.verdict.device),
+        )
+        ctx.ledger("profile", platform=platform, problem=problem, source=verified.source)
+        record = ProfileRecord(**base, profile=profile)
+        ctx.remember(key, record, [])
+    write_record(out, record, ctx.store)
+    return record

@@ -1,0 +1,106 @@
+"""Stages `tables` and `report`: Parquet tables per stage and the summary report.
+
+``artifacts/tables/<kind>.parquet`` holds one row per stage record (candidates, compiles,
+verifications, profiles, analyses), plus ``transcripts`` (every agent call) and ``lineage``
+(W3C PROV-style edges: entity wasGeneratedBy activity, activity used entity).
+``artifacts/report.parquet`` has one row per agent x platform x problem. All of it can be
+queried with DuckDB, e.g. ``duckdb -c "select * from 'artifacts/report.parquet'"``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kforge.stages.context import StageContext
+from kforge.stages.records import SelectionRecord
+
+KINDS = {
+    "candidate.json": "candidates",
+    "compile.json": "compiles",
+    "verify.json": "verifications",
+    "profile.json": "profiles",
+    "analysis.json": "analyses",
+}
+TABLES = (*KINDS.values(), "transcripts", "lineage")
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts become ``a_b`` columns; lists become JSON text (stable Parquet types)."""
+    row: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and key not in ("used", "extra", "evidence", "tool_versions", "params"):
+            row.update(flatten(value, f"{name}_"))
+        elif isinstance(value, (dict, list)):
+            row[name] = json.dumps(value, sort_keys=True)
+        else:
+            row[name] = value
+    return row
+
+
+def _run_keys(path: Path, runs: Path) -> dict[str, Any]:
+    agent, platform, suite, problem, rdir = path.relative_to(runs).parts[:5]
+    return {"agent": agent, "platform": platform, "suite": suite, "problem": problem, "round": int(rdir[1:])}
+
+
+def _write_table(rows: list[dict[str, Any]], out: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = sorted({k for r in rows for k in r})
+    table = pa.table({c: [r.get(c) for r in rows] for c in columns}) if rows else pa.table({"empty": pa.array([], pa.int8())})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".parquet.tmp")
+    pq.write_table(table, tmp)
+    tmp.replace(out)
+
+
+def run_tables(ctx: StageContext, *, records: list[Path], out_dir: Path) -> None:
+    import hashlib
+
+    runs = ctx.root / "runs"
+    tables: dict[str, list[dict[str, Any]]] = {name: [] for name in TABLES}
+    for path in records:
+        raw = path.read_bytes()
+        data = json.loads(raw)
+        digest = hashlib.sha256(raw).hexdigest()
+        keys = _run_keys(path, runs)
+        tables[KINDS[path.name]].append({**keys, "digest": digest, **flatten(data)})
+        activity = f"{data['kind']}:{digest[:16]}"
+        tables["lineage"].append({"entity": digest, "relation": "wasGeneratedBy", "other": activity, **keys})
+        for role, used in sorted(data.get("used", {}).items()):
+            tables["lineage"].append({"entity": activity, "relation": f"used:{role}", "other": used, **keys})
+        for field in ("source", "parent", "transcript", "plan", "log"):
+            if data.get(field):
+                tables["lineage"].append({"entity": activity, "relation": f"used:{field}", "other": data[field], **keys})
+        if data.get("transcript"):
+            t = ctx.store.get_json(data["transcript"])
+            usage = t.pop("usage", {})
+            tables["transcripts"].append({
+                **keys, "digest": data["transcript"], "agent_name": t["agent"], "model": t["model"], "role": t["role"],
+                "prompt_tokens": usage.get("prompt_tokens", 0), "completion_tokens": usage.get("completion_tokens", 0),
+                "cost_usd": usage.get("cost_usd", 0.0), "latency_s": t.get("latency_s", 0.0),
+                "litellm_version": t.get("litellm_version"), "request_digest": t.get("request_digest", ""),
+                "error": t.get("error"), "messages": json.dumps(t["messages"]), "response": t["response"],
+            })
+    for name, rows in tables.items():
+        _write_table(rows, out_dir / f"{name}.parquet")
+
+
+REPORT_COLUMNS = (
+    "agent", "platform", "suite", "problem", "status", "policy", "rounds_used", "best_round", "best_candidate",
+    "best_source", "candidate_ms", "eager_ms", "compile_ms", "speedup_vs_eager", "speedup_vs_compile",
+    "speedup_vs_best", "candidate_cv", "device", "prompt_tokens", "completion_tokens", "cost_usd", "wall_s", "detail",
+)
+
+
+def run_report(ctx: StageContext, *, selections: list[Path], out: Path) -> None:
+    rows = []
+    for path in selections:
+        record = SelectionRecord.model_validate_json(path.read_bytes())
+        data = record.model_dump(mode="json")
+        rows.append({c: data[c] for c in REPORT_COLUMNS})
+    rows.sort(key=lambda r: (r["agent"], r["platform"], r["suite"], r["problem"]))
+    _write_table(rows, out)

@@ -1,0 +1,56 @@
+"""Stage `verify`: run the candidate against its reference in the sandboxed verifier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kforge.schema import TOLERANCES, Verdict
+from kforge.stages.context import StageContext, read_record, write_record
+from kforge.stages.records import CompileRecord, VerifyRecord
+from kforge.store import sha256_bytes
+
+
+def _skip(ctx: StageContext, reason: str, detail: str) -> Verdict:
+    tol = TOLERANCES[ctx.config.policy]
+    return Verdict(ok=False, reason=reason, detail=detail, policy=ctx.config.policy, atol=tol, rtol=tol)
+
+
+def run_verify(
+    ctx: StageContext, *, platform: str, suite: str, problem: str, kernel: Path, compile_record: Path, out: Path
+) -> VerifyRecord:
+    compiled = read_record(compile_record, CompileRecord)
+    problem_path = ctx.problem_path(suite, problem)
+    problem_source = sha256_bytes(problem_path.read_bytes())
+    if not compiled.ok:
+        verdict = _skip(ctx, compiled.reason, "not verified: the candidate did not build")
+        record = VerifyRecord(platform=platform, problem_source=problem_source, source=compiled.source, verdict=verdict)
+        write_record(out, record, ctx.store)
+        return record
+    from kforge.platforms import get_platform
+
+    info = get_platform(platform).describe()
+    suite_cfg, verify_cfg = ctx.config.suites[suite], ctx.config.verify
+    key = ctx.action_key(
+        "verify", platform=platform, info=info.model_dump(mode="json"), source=compiled.source,
+        problem=problem_source, policy=ctx.config.policy, preset=suite_cfg.preset, sizes=suite_cfg.sizes,
+        trials=verify_cfg.trials,
+    )
+    cached = ctx.cached(key, VerifyRecord)
+    if cached is not None:
+        write_record(out, cached, ctx.store)
+        return cached
+    if not info.runnable:
+        verdict = _skip(ctx, "no_device", f"{platform} cannot run here: {info.reason}")
+    else:
+        from kforge.verifier import verify_candidate
+
+        verdict = verify_candidate(
+            kernel.read_text(), problem_path, platform=platform, policy=ctx.config.policy,
+            preset=suite_cfg.preset, sizes=suite_cfg.sizes, build_dir=ctx.build_dir.resolve(),
+            trials=verify_cfg.trials, timeout_s=verify_cfg.timeout_s, memory_mb=verify_cfg.memory_mb,
+        )
+        ctx.ledger("verify", platform=platform, problem=problem, source=compiled.source, ok=verdict.ok)
+    record = VerifyRecord(platform=platform, problem_source=problem_source, source=compiled.source, verdict=verdict)
+    ctx.remember(key, record, [])
+    write_record(out, record, ctx.store)
+    return record

@@ -1,0 +1,22 @@
+rule profile:
+    """Time and profile a verified candidate. Takes every core so timings do not collide."""
+    input:
+        kernel=f"{RUN}/r{{r}}/kernel.py",
+        verified=f"{RUN}/r{{r}}/verify.json",
+    output:
+        f"{RUN}/r{{r}}/profile.json",
+    params:
+        code=PLAN.code["profile"],
+        settings=PLAN.settings_digest("profile"),
+        suite=lambda w: PLAN.suite_digest(w.suite),
+    threads: workflow.cores
+    resources:
+        gpu=lambda w: 1 if w.platform in ("triton", "cuda") else 0,
+    log:
+        f"{RUN}/r{{r}}/profile.log",
+    wildcard_constraints:
+        r=r"[0-9]+",
+    shell:
+        "{STAGE} profile --config {CFG} --platform {wildcards.platform} --suite {wildcards.suite} "
+        "--problem {wildcards.problem} --kernel {input.kernel} --verify-record {input.verified} "
+        "--out {output} > {log} 2>&1"

@@ -1,0 +1,47 @@
+def _rounds(w, names):
+    return [f"{d}/{n}" for d in PLAN.round_dirs(w.agent, w.platform, w.suite, w.problem) for n in names]
+
+
+rule select:
+    """Best verified round, re-timed against eager and torch.compile in one process."""
+    input:
+        lambda w: _rounds(w, ("kernel.py", "candidate.json", "verify.json", "profile.json", "analysis.json")),
+    output:
+        f"{RUN}/best.json",
+    params:
+        code=PLAN.code["select"],
+        settings=PLAN.settings_digest("profile", "policy"),
+        dirs=lambda w: " ".join(PLAN.round_dirs(w.agent, w.platform, w.suite, w.problem)),
+    threads: workflow.cores
+    resources:
+        gpu=lambda w: 1 if w.platform in ("triton", "cuda") else 0,
+    log:
+        f"{RUN}/select.log",
+    shell:
+        "{STAGE} select --config {CFG} --inputs {params.dirs} --out {output} > {log} 2>&1"
+
+
+rule tables:
+    """One Parquet table per stage, plus agent transcripts and lineage edges."""
+    input:
+        PLAN.records(),
+    output:
+        [f"{ROOT}/tables/{t}.parquet" for t in
+         ("candidates", "compiles", "verifications", "profiles", "analyses", "transcripts", "lineage")],
+    log:
+        f"{ROOT}/logs/tables.log",
+    shell:
+        "{STAGE} tables --config {CFG} --inputs {input} --out-dir {ROOT}/tables > {log} 2>&1"
+
+
+rule report:
+    """One row per agent x platform x problem: status, speedups, precision policy, cost."""
+    input:
+        selections=PLAN.selections(),
+        tables=rules.tables.output,
+    output:
+        f"{ROOT}/report.parquet",
+    log:
+        f"{ROOT}/logs/report.log",
+    shell:
+        "{STAGE} report --config {CFG} --inputs {input.selections} --out {output} > {log} 2>&1"
