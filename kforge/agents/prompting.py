@@ -7,11 +7,13 @@ The digests of these files are part of every agent call's cache key, and of the 
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 from kforge.schema import TOLERANCES, AnalysisRequest, Feedback, GenerationRequest, Profile
 
-PROMPTS_DIR = Path(__file__).resolve().parents[1] / "prompts"
+# KFORGE_PROMPTS_DIR points at another copy of the prompt files (a prompt experiment, a test).
+PROMPTS_DIR = Path(os.environ.get("KFORGE_PROMPTS_DIR") or Path(__file__).resolve().parents[1] / "prompts")
 FEEDBACK_CHARS = 4000  # per feedback item shown to the model
 
 
