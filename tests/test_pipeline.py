@@ -1,0 +1,102 @@
+"""End to end: the real Snakemake pipeline over a three-problem suite, then the reruns.
+
+One pipeline run is shared by the tests in this module (it is the expensive part)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.pipeline_helpers import copy_prompts, ledger, snakemake, work_counts, write_config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    workdir = tmp_path_factory.mktemp("pipeline")
+    write_config(workdir)
+    prompts = copy_prompts(workdir)
+    env = {"KFORGE_PROMPTS_DIR": str(prompts)}
+    out, took = snakemake(workdir, env=env)
+    first = ledger(workdir)
+    return {"workdir": workdir, "env": env, "prompts": prompts, "first": first, "took": took, "out": out}
+
+
+def test_report_has_a_verified_timed_row_per_problem(run: dict) -> None:
+    report = run["workdir"] / "artifacts" / "report.parquet"
+    rows = duckdb.sql(f"select * from '{report}' order by problem").fetchall()
+    cols = [c[0] for c in duckdb.sql(f"describe select * from '{report}'").fetchall()]
+    table = [dict(zip(cols, r, strict=True)) for r in rows]
+    assert [r["problem"] for r in table] == ["elementwise_gelu_scale", "gemm_bias_relu", "softmax_rows"]
+    for r in table:
+        assert r["status"] == "verified", r
+        assert r["policy"] == "strict"
+        assert r["candidate_ms"] > 0 and r["eager_ms"] > 0 and r["compile_ms"] > 0
+        assert r["speedup_vs_best"] == pytest.approx(min(r["eager_ms"], r["compile_ms"]) / r["candidate_ms"], rel=1e-3)
+        assert r["best_source"] and len(r["best_source"]) == 64
+
+
+def test_stage_tables_are_queryable(run: dict) -> None:
+    tables = run["workdir"] / "artifacts" / "tables"
+    n_verify = duckdb.sql(f"select count(*) from '{tables}/verifications.parquet'").fetchone()
+    assert n_verify == (3 * 4,)  # 3 problems x (1 + 1 + 2) rounds
+    ok = duckdb.sql(
+        f"select count(*) from read_parquet('{tables}/*.parquet', union_by_name=true) where verdict_ok"
+    ).fetchone()
+    assert ok is not None and ok[0] >= 3
+    roles = {r[0] for r in duckdb.sql(f"select distinct role from '{tables}/transcripts.parquet'").fetchall()}
+    assert roles == {"generate", "analyze"}
+
+
+def test_rounds_really_ran_the_loop(run: dict) -> None:
+    counts = work_counts(run["first"])
+    assert counts["agent_call:generate"] >= 3  # one round-0 generation per problem, plus refinements
+    assert counts["agent_call:analyze"] >= 3  # every verified candidate was analysed
+    assert counts["build"] >= 3 and counts["verify"] >= 3 and counts["select"] == 3
+
+
+def test_provenance_of_a_shipped_kernel(run: dict) -> None:
+    workdir = run["workdir"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "kforge.cli", "provenance", "softmax_rows"], cwd=workdir, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "selection" in proc.stdout and "verification" in proc.stdout and "candidate" in proc.stdout
+    assert "BROKEN" not in proc.stdout
+
+
+def test_noop_rerun_does_no_work(run: dict) -> None:
+    out, took = snakemake(run["workdir"], env=run["env"])
+    assert "Nothing to be done" in out
+    assert ledger(run["workdir"]) == run["first"]
+
+
+def test_editing_the_analysis_prompt_reruns_only_analysis(run: dict) -> None:
+    workdir = run["workdir"]
+    before = len(ledger(workdir))
+    analyze = run["prompts"] / "analyze.md"
+    analyze.write_text(analyze.read_text() + "\nName the single most important change first.\n")
+    snakemake(workdir, env=run["env"])
+    counts = work_counts(ledger(workdir)[before:])
+    assert counts["agent_call:analyze"] >= 3
+    assert set(counts) == {"agent_call:analyze"}, counts  # no generation, build, verify or timing
+
+
+def test_broken_link_is_named(run: dict) -> None:
+    workdir = run["workdir"]
+    best = next((workdir / "artifacts" / "runs").glob("*/*/*/softmax_rows/best.json"))
+    from kforge.stages.records import SelectionRecord
+
+    record = SelectionRecord.model_validate_json(best.read_bytes())
+    kernel = best.parent / f"r{record.best_round}" / "kernel.py"
+    kernel.write_text(kernel.read_text() + "\n# one more line\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "kforge.cli", "provenance", "softmax_rows"], cwd=workdir, capture_output=True, text=True
+    )
+    assert proc.returncode == 1
+    assert "broken link: source" in proc.stderr
