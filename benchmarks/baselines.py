@@ -218,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         f">= {args.min_sample_ms} ms per sample",
         f"measured peaks: {peaks[0] / 1e9:.1f} GFLOP/s (fp32 matmul), "
         f"{peaks[1] / 1e9:.1f} GB/s (copy)",
+        f"load average (1 min) at start: {os.getloadavg()[0]:.2f} "
+        "(other processes on the host slow every number here)",
     ]
     print("\n".join(header), flush=True)
     rows: list[Row] = []
@@ -234,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             writer.writerows(asdict(r) for r in rows)
     if args.markdown is not None:
         body = [f"# Baselines: {suite.name} ({args.preset}, {device.type})", ""]
+        header.append(f"load average (1 min) at end: {os.getloadavg()[0]:.2f}")
         body += [f"- {line}" for line in header] + ["", *lines, ""]
         body += [f"- skipped: {err}" for err in errors]
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
