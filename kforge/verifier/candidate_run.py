@@ -1,0 +1,204 @@
+"""Worker side of a candidate: import it, call it on every case with probes around each call
+(``candidate`` mode), or time it against the baselines (``profile`` mode)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from kforge.verifier import inputs as inputs_mod
+from kforge.verifier import probes, protocol
+from kforge.verifier.inputs import Case, digest, load_case_problem, make_inputs
+from kforge.verifier.probes import (
+    Integrity,
+    LaunchCounter,
+    background_work,
+    encode_tensor,
+    output_report,
+    precision_flags,
+    profile_events,
+)
+
+Send = Callable[..., None]
+
+
+def _activities(device: str) -> list[ProfilerActivity]:
+    acts = [ProfilerActivity.CPU]
+    if device == "cuda":
+        acts.append(ProfilerActivity.CUDA)
+    return acts
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _import_candidate(job: dict[str, Any], fail: Send, finish: Send) -> tuple[Any, Integrity, LaunchCounter]:
+    from kforge.verifier import worker
+    from kforge.verifier.worker import load_module, warm_thread_pool
+
+    warm_thread_pool()
+    job["flags_before"] = precision_flags()
+    counter = LaunchCounter()
+    counter.install()
+    integrity = Integrity([
+        (worker, "worker", ["send", "finish", "fail", "poison", "build_models"]),
+        (probes, "probes", ["output_report", "encode_tensor", "background_work", "precision_flags",
+                            "profile_events"]),
+        (protocol, "protocol", ["send_frame", "encode_frame"]),
+        (inputs_mod, "inputs", ["make_inputs", "digest"]),
+        (sys.modules[__name__], "candidate_run", ["run_candidate", "run_profile"]),
+    ])
+    try:
+        module = load_module(Path(job["candidate_path"]), "kforge_candidate")
+    except BaseException as exc:  # noqa: BLE001 - SystemExit and friends count as import errors
+        fail("import_error", exc)
+    moved = integrity.changed()
+    if moved:
+        finish({"error": "harness_tampering", "message": "candidate replaced " + ", ".join(moved[:8])})
+    if not isinstance(getattr(module, "ModelNew", None), type):
+        finish({"error": "no_model_new", "message": "the candidate module defines no class ModelNew"})
+    return module, integrity, counter
+
+
+def run_candidate(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> None:
+    from kforge.verifier.worker import build_models, poison
+
+    device = job["device"]
+    module, integrity, counter = _import_candidate(job, fail, finish)
+    path = Path(job["problem_path"])
+    models: dict[str, tuple[Any, Any]] = {}
+    for raw in job["cases"]:
+        case = Case.from_json(raw)
+        key = json.dumps(case.sizes, sort_keys=True)
+        try:
+            if key not in models:
+                sizes = case.sizes if case.sizes is not None else job.get("sizes")
+                problem = load_case_problem(path, job["preset"], sizes)
+                models[key] = (problem, build_models(problem, module.ModelNew, job["model_seed"], device)[1])
+            problem, model = models[key]
+            inputs = make_inputs(problem, case, device)
+        except Exception as exc:  # noqa: BLE001 - ModelNew.__init__ is candidate code
+            send({"kind": "case", "index": case.index, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        before = digest(inputs)
+        poison(2 * sum(t.numel() * t.element_size() for t in inputs_mod.tensors_in(inputs)), device)
+        threads_before = {t.ident for t in threading.enumerate()}
+        launches = counter.triton_launches
+        ops: list[str] = []
+        ours: list[str] = []
+        device_kernels: list[str] = []
+        try:
+            with torch.no_grad():
+                if case.index == 0:
+                    with profile(activities=_activities(device)) as prof:
+                        out = model(*inputs)
+                        _sync(device)
+                    ops, ours, device_kernels = profile_events(prof)
+                else:
+                    out = model(*inputs)
+        except Exception as exc:  # noqa: BLE001 - the candidate raised: reported per case
+            if "out of memory" in str(exc).lower() or "CUDA error" in str(exc):
+                fail("crashed", exc)
+            send({"kind": "case", "index": case.index, "error": f"{type(exc).__name__}: {exc}"[:2000]})
+            continue
+        report, tensors = output_report(out, inputs, device)
+        if "rigged" in report:
+            finish({"error": "rigged_output_object", "message": report["rigged"]})
+        first = [t.clone() for t in tensors]  # on the current stream, before any device sync
+        background = background_work(threads_before)
+        _sync(device)
+        if case.index == 0 or background:
+            probes.settle()
+        changed_after_return = digest(first) != digest(tensors)
+        background = sorted(set(background + background_work(threads_before)))
+        metas, blobs = [], []
+        for t in tensors:
+            meta, blob = encode_tensor(t)
+            metas.append(meta)
+            blobs.append(blob)
+        send({
+            "kind": "case", "index": case.index, "outputs": metas, "structure": report["structure"],
+            "digest": before, "digest_after": digest(inputs), "aliases": report["aliases"],
+            "wrong_device": report["wrong_device"], "background": background,
+            "changed_after_return": changed_after_return, "flags": precision_flags(), "flags_before": job["flags_before"],
+            "tampered": integrity.changed(), "ops": sorted(set(ops)), "ours": sorted(set(ours)),
+            "device_kernels": sorted(set(device_kernels))[:20],
+            "triton_launches": counter.triton_launches - launches,
+        }, blobs)
+    finish({})
+
+
+def _kernel_table(fn: Callable[[], Any], device: str, calls: int = 3) -> list[dict[str, Any]]:
+    with profile(activities=_activities(device)) as prof:
+        for _ in range(calls):
+            fn()
+        _sync(device)
+    rows = []
+    for e in prof.key_averages():
+        dev_us = float(getattr(e, "device_time_total", 0.0) or 0.0)
+        cpu_us = float(e.cpu_time_total)
+        ours = e.key.startswith("kforge::")
+        if device == "cuda" and dev_us <= 0 and not ours:
+            continue
+        if device != "cuda" and not (ours or e.key.startswith("aten::")):
+            continue
+        rows.append({"name": e.key, "calls": int(e.count), "total_us": dev_us if device == "cuda" else cpu_us})
+    rows.sort(key=lambda r: -r["total_us"])
+    return rows[:15]
+
+
+def run_profile(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> None:
+    from kforge.verifier.timing import pin_cpu, time_alternating
+    from kforge.verifier.worker import build_models
+
+    device = job["device"]
+    pin = pin_cpu(job.get("threads")) if device == "cpu" else {}
+    module, integrity, _ = _import_candidate(job, fail, finish)
+    try:
+        problem = load_case_problem(Path(job["problem_path"]), job["preset"], job.get("sizes"))
+        ref, new = build_models(problem, module.ModelNew, job["model_seed"], device)
+        args = make_inputs(problem, Case(0, job["model_seed"], "native", None), device)
+    except Exception as exc:  # noqa: BLE001
+        fail("crashed", exc)
+    fns: dict[str, Callable[[], Any]] = {"candidate": lambda: new(*args)}
+    extra: dict[str, Any] = {"pin": pin}
+    if job.get("baselines"):
+        fns["eager"] = lambda: ref(*args)
+        try:
+            compiled = torch.compile(ref)
+            with torch.no_grad():
+                compiled(*args)
+            fns["compiled"] = lambda: compiled(*args)
+        except Exception as exc:  # noqa: BLE001 - recorded: the eager baseline still stands
+            extra["compile_error"] = f"{type(exc).__name__}: {exc}"[:500]
+    try:
+        with torch.no_grad():
+            samples = time_alternating(fns, device=device, warmup=job["warmup"], reps=job["reps"])
+            kernels = _kernel_table(fns["candidate"], device)
+    except Exception as exc:  # noqa: BLE001
+        fail("crashed", exc)
+    moved = integrity.changed()
+    if moved:
+        finish({"error": "harness_tampering", "message": "candidate replaced " + ", ".join(moved[:8])})
+    try:
+        from kforge.problem_cost import flops_and_bytes
+
+        flops, min_bytes = flops_and_bytes(problem)
+    except Exception as exc:  # noqa: BLE001
+        flops, min_bytes = 0.0, 0.0
+        extra["cost_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    send({
+        "kind": "profile", "timings": {k: s.timing().model_dump() for k, s in samples.items()},
+        "host_gap": {k: s.host_gap() for k, s in samples.items()}, "kernels": kernels,
+        "flops": flops, "min_bytes": min_bytes, "extra": extra,
+    })
+    finish({})

@@ -1,0 +1,248 @@
+"""Static reward-hack checks: read the candidate's AST (and the reference's), run nothing.
+
+Each finding carries a reason code (``reasons.Reason``) and the line it points at. Checks:
+
+- ``calls_reference_op``   the candidate calls an op of the same compute class as the
+                            reference (matmul/linear, conv, softmax, norms, reductions,
+                            attention) in PyTorch, or every torch op the reference uses
+- ``torch_fallback``       try/except around the kernel (a PyTorch path when it fails)
+- ``wraps_reference``      subclassing, instantiating or importing the reference ``Model``
+- ``harness_tampering``    gc/inspect/sys.modules/frames, timers, torch internals, the
+                            verifier, builtins, exec/eval, exits and signals
+- ``spawns_work``          threads, processes, asyncio, CUDA streams
+- ``precision_below_policy`` (strict only) half/bf16 casts, autocast, TF32 switches, a
+                            Triton ``tl.dot`` without ``input_precision`` ieee/tf32x3
+- ``forbidden_include``    ``#include`` of an absolute path or a path with ``..``
+Code inside ``@triton.jit`` functions is kernel code: its ``tl.*`` calls are not torch ops.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+
+from kforge.verifier.reasons import Reason
+
+OP_CLASSES: dict[str, frozenset[str]] = {
+    "matmul": frozenset({"matmul", "mm", "bmm", "addmm", "linear", "Linear", "einsum", "baddbmm",
+                         "addbmm", "tensordot", "mv", "dot", "inner", "chain_matmul", "Bilinear",
+                         "bilinear", "__matmul__"}),
+    "conv": frozenset({"conv1d", "conv2d", "conv3d", "Conv1d", "Conv2d", "Conv3d", "conv_transpose1d",
+                       "conv_transpose2d", "conv_transpose3d", "ConvTranspose1d", "ConvTranspose2d",
+                       "ConvTranspose3d", "convolution", "unfold", "Unfold"}),
+    "softmax": frozenset({"softmax", "log_softmax", "Softmax", "LogSoftmax", "logsumexp", "softmin"}),
+    "norm": frozenset({"layer_norm", "LayerNorm", "group_norm", "GroupNorm", "batch_norm",
+                       "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "instance_norm", "InstanceNorm1d",
+                       "InstanceNorm2d", "InstanceNorm3d", "rms_norm", "RMSNorm", "normalize"}),
+    "attention": frozenset({"scaled_dot_product_attention", "MultiheadAttention"}),
+    "reduction": frozenset({"sum", "mean", "max", "amax", "min", "amin", "prod", "var", "std",
+                            "norm", "cumsum", "argmax", "argmin", "topk", "sort", "median"}),
+}
+TORCH_ROOTS = frozenset({"torch", "F", "nn", "functional"})
+FORBIDDEN_MODULES = {
+    "gc": Reason.HARNESS_TAMPERING, "inspect": Reason.HARNESS_TAMPERING,
+    "builtins": Reason.HARNESS_TAMPERING, "importlib": Reason.HARNESS_TAMPERING,
+    "atexit": Reason.HARNESS_TAMPERING, "signal": Reason.HARNESS_TAMPERING,
+    "sys": Reason.HARNESS_TAMPERING, "time": Reason.HARNESS_TAMPERING,
+    "timeit": Reason.HARNESS_TAMPERING, "kforge.verifier": Reason.HARNESS_TAMPERING,
+    "socket": Reason.HARNESS_TAMPERING, "pickle": Reason.HARNESS_TAMPERING,
+    "threading": Reason.SPAWNS_WORK, "multiprocessing": Reason.SPAWNS_WORK,
+    "concurrent": Reason.SPAWNS_WORK, "asyncio": Reason.SPAWNS_WORK,
+    "subprocess": Reason.SPAWNS_WORK, "_thread": Reason.SPAWNS_WORK,
+    "torch.multiprocessing": Reason.SPAWNS_WORK,
+}
+FORBIDDEN_CALLS = {
+    "exec": Reason.HARNESS_TAMPERING, "eval": Reason.HARNESS_TAMPERING,
+    "compile": Reason.HARNESS_TAMPERING, "__import__": Reason.HARNESS_TAMPERING,
+    "globals": Reason.HARNESS_TAMPERING, "setattr": Reason.HARNESS_TAMPERING,
+    "delattr": Reason.HARNESS_TAMPERING, "vars": Reason.HARNESS_TAMPERING,
+}
+FORBIDDEN_ATTRS = {
+    "_exit": Reason.HARNESS_TAMPERING, "kill": Reason.HARNESS_TAMPERING,
+    "fork": Reason.SPAWNS_WORK, "system": Reason.SPAWNS_WORK, "popen": Reason.SPAWNS_WORK,
+    "spawnv": Reason.SPAWNS_WORK, "Stream": Reason.SPAWNS_WORK, "stream": Reason.SPAWNS_WORK,
+    "_getframe": Reason.HARNESS_TAMPERING, "_C": Reason.HARNESS_TAMPERING,
+    "_dynamo": Reason.HARNESS_TAMPERING, "ops": Reason.HARNESS_TAMPERING,
+    "__class__": Reason.HARNESS_TAMPERING, "__subclasses__": Reason.HARNESS_TAMPERING,
+    "__globals__": Reason.HARNESS_TAMPERING, "__builtins__": Reason.HARNESS_TAMPERING,
+    "f_back": Reason.HARNESS_TAMPERING, "f_locals": Reason.HARNESS_TAMPERING,
+}
+LOW_PRECISION_ATTRS = frozenset({"half", "bfloat16", "float16", "autocast", "allow_tf32",
+                                 "set_float32_matmul_precision", "allow_bf16_reduced_precision_reduction",
+                                 "allow_fp16_reduced_precision_reduction", "float8_e4m3fn", "float8_e5m2"})
+INCLUDE_RE = re.compile(r"#\s*(?:include|embed)\s*[<\"]\s*(/[^>\"]*|[^>\"]*\.\.[/\\][^>\"]*)[>\"]")
+
+
+@dataclass(frozen=True)
+class Finding:
+    reason: Reason
+    line: int
+    message: str
+    strict_only: bool = False  # precision findings only reject under the strict policy
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.reason}: {self.message}"
+
+
+def _dotted(node: ast.AST) -> list[str]:
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    return parts[::-1]
+
+
+def _is_jit(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    return any("jit" in _dotted(d.func if isinstance(d, ast.Call) else d)[-1:] or
+               "autotune" in _dotted(d.func if isinstance(d, ast.Call) else d)[-1:]
+               for d in fn.decorator_list)
+
+
+class _Scan(ast.NodeVisitor):
+    """Torch calls (name, line) outside Triton kernels, plus everything the rules look at."""
+
+    def __init__(self) -> None:
+        self.torch_calls: list[tuple[str, int]] = []
+        self.method_calls: list[tuple[str, int]] = []
+        self.in_jit = 0
+        self.findings: list[Finding] = []
+        self.tl_dots: list[ast.Call] = []
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        jit = _is_jit(node)
+        self.in_jit += jit
+        self.generic_visit(node)
+        self.in_jit -= jit
+
+    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        if isinstance(node.op, ast.MatMult) and not self.in_jit:
+            self.torch_calls.append(("__matmul__", node.lineno))
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        name = _dotted(node.func)
+        if name and not self.in_jit:
+            if name[0] in TORCH_ROOTS and len(name) > 1:
+                self.torch_calls.append((name[-1], node.lineno))
+            elif len(name) == 1 and name[0] in FORBIDDEN_CALLS:
+                self.findings.append(Finding(FORBIDDEN_CALLS[name[0]], node.lineno,
+                                             f"calls {name[0]}()"))
+            elif isinstance(node.func, ast.Attribute):
+                self.method_calls.append((node.func.attr, node.lineno))
+        if name[-1:] == ["dot"] and name[:1] == ["tl"]:
+            self.tl_dots.append(node)
+        self.generic_visit(node)
+
+
+def _reference_ops(problem_source: str) -> tuple[set[str], set[str]]:
+    """(compute classes, torch op names) the reference's code calls."""
+    scan = _Scan()
+    try:
+        scan.visit(ast.parse(problem_source))
+    except SyntaxError:
+        return set(), set()
+    names = {n for n, _ in scan.torch_calls} | {n for n, _ in scan.method_calls if _op_class(n)}
+    names -= {"Parameter", "Module", "randn", "rand", "randint", "tensor", "zeros", "ones", "empty",
+              "manual_seed", "device", "no_grad", "super", "__init__", "ModuleList", "Sequential"}
+    return {c for n in names if (c := _op_class(n))}, names
+
+
+def _op_class(name: str) -> str | None:
+    for cls, names in OP_CLASSES.items():
+        if name in names:
+            return cls
+    return None
+
+
+def static_check(source: str, problem_source: str, *, platform: str) -> list[Finding]:
+    """Every reward-hack pattern visible in the candidate's source, without executing it."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as err:
+        return [Finding(Reason.SYNTAX_ERROR, err.lineno or 0, f"{err.msg}")]
+    findings: list[Finding] = []
+    top = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    if "ModelNew" not in top:
+        findings.append(Finding(Reason.NO_MODEL_NEW, 0, "no top-level class ModelNew"))
+    scan = _Scan()
+    scan.visit(tree)
+    findings += scan.findings
+    ref_classes, ref_names = _reference_ops(problem_source)
+    for name, line in scan.torch_calls + [m for m in scan.method_calls if _op_class(m[0]) == "reduction"
+                                          or _op_class(m[0]) in ("matmul", "softmax")]:
+        cls = _op_class(name)
+        if cls and cls in ref_classes:
+            findings.append(Finding(Reason.CALLS_REFERENCE_OP, line,
+                                    f"calls torch {name} ({cls}): the reference's compute belongs in your kernel"))
+    cand_names = {n for n, _ in scan.torch_calls} | {n for n, _ in scan.method_calls}
+    if ref_names and ref_names <= cand_names:
+        findings.append(Finding(Reason.CALLS_REFERENCE_OP, 0,
+                                "calls every torch op the reference calls: it is the reference"))
+    for node in ast.walk(tree):
+        findings += _node_findings(node, platform)
+    for call in scan.tl_dots:
+        kws = {k.arg: k.value for k in call.keywords}
+        prec = kws.get("input_precision")
+        value = prec.value if isinstance(prec, ast.Constant) else None
+        if value not in ("ieee", "tf32x3"):
+            findings.append(Finding(Reason.PRECISION_BELOW_POLICY, call.lineno,
+                                    "tl.dot without input_precision='ieee' or 'tf32x3' uses TF32 on "
+                                    "NVIDIA GPUs", strict_only=True))
+    for const in ast.walk(tree):
+        if isinstance(const, ast.Constant) and isinstance(const.value, str):
+            for m in INCLUDE_RE.finditer(const.value):
+                findings.append(Finding(Reason.FORBIDDEN_INCLUDE, const.lineno,
+                                        f"#include of {m.group(1)!r}: only system headers by <name>"))
+    return sorted(set(findings), key=lambda f: (f.line, f.reason))
+
+
+def _node_findings(node: ast.AST, platform: str) -> list[Finding]:
+    out: list[Finding] = []
+    line = getattr(node, "lineno", 0)
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        for mod in mods:
+            for bad, reason in FORBIDDEN_MODULES.items():
+                if mod == bad or mod.startswith(bad + "."):
+                    out.append(Finding(reason, line, f"imports {mod}"))
+        if isinstance(node, ast.ImportFrom) and node.module == "os":
+            for a in node.names:
+                if a.name in FORBIDDEN_ATTRS:
+                    out.append(Finding(FORBIDDEN_ATTRS[a.name], line, f"imports os.{a.name}"))
+    elif isinstance(node, ast.ClassDef):
+        for base in node.bases:
+            if _dotted(base)[-1:] == ["Model"]:
+                out.append(Finding(Reason.WRAPS_REFERENCE, line, f"{node.name} subclasses Model"))
+    elif isinstance(node, ast.Name) and node.id == "Model":
+        out.append(Finding(Reason.WRAPS_REFERENCE, line, "refers to the reference Model"))
+    elif isinstance(node, ast.Attribute):
+        if node.attr in FORBIDDEN_ATTRS and _dotted(node)[:1] in (["os"], ["torch"], ["sys"], ["cuda"]) \
+                or node.attr in ("_getframe", "__subclasses__", "__globals__", "__builtins__", "f_back"):
+            out.append(Finding(FORBIDDEN_ATTRS.get(node.attr, Reason.HARNESS_TAMPERING), line,
+                               f"uses {'.'.join(_dotted(node)) or node.attr}"))
+        if node.attr in LOW_PRECISION_ATTRS:
+            out.append(Finding(Reason.PRECISION_BELOW_POLICY, line,
+                               f"uses {node.attr}: lower precision than fp32", strict_only=True))
+        if node.attr == "modules" and _dotted(node)[:1] == ["sys"]:
+            out.append(Finding(Reason.HARNESS_TAMPERING, line, "touches sys.modules"))
+    elif isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for t in targets:
+            name = _dotted(t)
+            if isinstance(t, ast.Attribute) and name[:1] in (["torch"], ["time"], ["F"], ["nn"], ["os"],
+                                                             ["builtins"], ["kforge"], ["triton"]):
+                out.append(Finding(Reason.HARNESS_TAMPERING, line, f"assigns {'.'.join(name)}"))
+    elif isinstance(node, ast.Try):
+        out.append(Finding(Reason.TORCH_FALLBACK, line,
+                           "try/except around the kernel: fix the kernel instead of falling back"))
+    elif isinstance(node, ast.Constant) and node.value in ("tf32",) or (
+        isinstance(node, ast.keyword) and node.arg == "allow_tf32"
+        and isinstance(node.value, ast.Constant) and node.value.value is True
+    ):
+        out.append(Finding(Reason.PRECISION_BELOW_POLICY, line, "asks for TF32", strict_only=True))
+    return out

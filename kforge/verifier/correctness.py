@@ -1,0 +1,147 @@
+"""Parent-side judgement of one candidate run against the reference run (numpy only).
+
+Per case, in this order (the first failure is the verdict)::
+
+    candidate raised ─> shape case only? shape_specialized : crashed
+    harness replaced (tampering) ─> precision flags (strict) ─> wrong device ─> inputs mutated
+    ─> outputs alias inputs ─> work after return ─> structure / shape / dtype
+    ─> non-finite where the reference is finite ─> |c - r| <= atol + rtol |r| (NaN fails)
+    ─> ||c - r|| / ||r|| <= tol ─> equal to its previous output while the reference moved?
+       caches_outputs : (shape case? shape_specialized : output_mismatch)
+
+and once per run: our kernel launched, no reference compute op in the candidate's aten ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kforge.verifier.probes import is_heavy, is_plumbing, precision_violations
+from kforge.verifier.protocol import WIRE_DTYPES, Frame
+from kforge.verifier.reasons import Reason
+
+
+@dataclass
+class Judgement:
+    reason: Reason
+    detail: str = ""
+    max_abs_err: float | None = None
+    rel_err_norm: float | None = None
+    cases: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def arrays(frame: Frame) -> list[np.ndarray]:
+    out = []
+    for meta, blob in zip(frame.header.get("outputs", []), frame.blobs, strict=False):
+        arr = np.frombuffer(blob, dtype=WIRE_DTYPES[meta["wire"]])
+        shape = list(meta["shape"]) + ([2] if "complex" in meta["dtype"] else [])
+        out.append(arr.reshape(shape).astype(np.float64))
+    return out
+
+
+def compare(c: np.ndarray, r: np.ndarray, tol: float) -> tuple[str | None, float, float]:
+    """(failure kind or None, max abs error, relative error norm); NaN never passes."""
+    r_fin = np.isfinite(r)
+    if not np.all(np.isfinite(c)[r_fin]):
+        return "nonfinite", float("nan"), float("nan")
+    if not np.array_equal(c[~r_fin], r[~r_fin], equal_nan=True):
+        return "mismatch", float("nan"), float("nan")
+    diff = np.abs(c[r_fin] - r[r_fin])
+    max_abs = float(diff.max()) if diff.size else 0.0
+    ok = np.all(diff <= tol + tol * np.abs(r[r_fin]))  # NaN in diff -> comparison False
+    ref_norm = float(np.linalg.norm(r[r_fin]))
+    err_norm = float(np.linalg.norm(diff))
+    rel = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
+    if not ok or not rel <= tol:
+        return "mismatch", max_abs, rel
+    return None, max_abs, rel
+
+
+def judge(
+    ref: dict[int, Frame], cand: dict[int, Frame], *, tol: float, strict: bool,
+    shape_index: int | None, platform: str,
+) -> Judgement:
+    worst_abs, worst_rel = 0.0, 0.0
+    prev: dict[str, Any] | None = None
+    judged = 0
+    for index in sorted(ref):
+        r_frame = ref[index]
+        if "error" in r_frame.header:
+            continue  # this distribution or shape is outside the problem's domain
+        c_frame = cand.get(index)
+        is_shape = index == shape_index
+        if c_frame is None:
+            return Judgement(Reason.CRASHED, f"case {index}: the worker stopped before this case")
+        h = c_frame.header
+        if "error" in h:
+            reason = Reason.SHAPE_SPECIALIZED if is_shape else Reason.CRASHED
+            return Judgement(reason, f"case {index}{' (other sizes)' if is_shape else ''}: {h['error']}")
+        if h.get("tampered"):
+            return Judgement(Reason.HARNESS_TAMPERING, "replaced " + ", ".join(h["tampered"][:6]))
+        bad_precision = precision_violations(h["flags"], h.get("flags_before", {}))
+        if strict and bad_precision:
+            return Judgement(Reason.PRECISION_BELOW_POLICY, "; ".join(bad_precision) + " under strict")
+        if h["wrong_device"]:
+            return Judgement(Reason.WRONG_DEVICE, "; ".join(h["wrong_device"]))
+        if h["digest_after"] != h["digest"] or h["digest"] != r_frame.header["digest"]:
+            return Judgement(Reason.MUTATES_INPUT, f"case {index}: inputs changed during the call")
+        if h["aliases"]:
+            return Judgement(Reason.ALIASES_INPUT, f"output(s) {h['aliases']} share memory with an input")
+        if h["background"] or h["changed_after_return"]:
+            what = ", ".join(h["background"][:4]) or "the output changed after forward returned"
+            return Judgement(Reason.ASYNC_WORK_LEFT, f"work still running after return: {what}")
+        c_out, r_out = arrays(c_frame), arrays(r_frame)
+        if len(c_out) != len(r_out):
+            return Judgement(Reason.SHAPE_MISMATCH, f"{len(c_out)} outputs, expected {len(r_out)}")
+        for k, (cm, rm) in enumerate(zip(h["outputs"], r_frame.header["outputs"], strict=True)):
+            if cm["shape"] != rm["shape"]:
+                reason = Reason.SHAPE_SPECIALIZED if is_shape else Reason.SHAPE_MISMATCH
+                return Judgement(reason, f"output {k}: shape {cm['shape']}, expected {rm['shape']}")
+            if cm["dtype"] != rm["dtype"]:
+                return Judgement(Reason.DTYPE_MISMATCH, f"output {k}: {cm['dtype']}, expected {rm['dtype']}")
+        for k, (c, r) in enumerate(zip(c_out, r_out, strict=True)):
+            kind, max_abs, rel = compare(c, r, tol)
+            if kind is None:
+                worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, rel)
+                continue
+            detail = f"case {index} ({r_frame.header.get('dist', '')}) output {k}: max abs err {max_abs:.3g}, rel err norm {rel:.3g} (tol {tol:g})"
+            if kind == "nonfinite":
+                return Judgement(Reason.NONFINITE, f"case {index} output {k}: NaN/inf where the reference is finite")
+            if prev is not None and _same_as_previous(c_out, prev):
+                return Judgement(Reason.CACHES_OUTPUTS, f"case {index}: returned its previous output for new inputs")
+            reason = Reason.SHAPE_SPECIALIZED if is_shape else Reason.OUTPUT_MISMATCH
+            return Judgement(reason, detail, max_abs, rel)
+        prev = {"outputs": c_out}
+        judged += 1
+    first = cand.get(0)
+    if first is not None and "error" not in first.header:
+        verdict = _launch_checks(first.header, ref[0].header, platform)
+        if verdict is not None:
+            return verdict
+    return Judgement(Reason.OK, f"{judged} cases passed", worst_abs, worst_rel, judged)
+
+
+def _same_as_previous(c_out: list[np.ndarray], prev: dict[str, Any]) -> bool:
+    old = prev["outputs"]
+    return len(old) == len(c_out) and all(
+        a.shape == b.shape and np.array_equal(a, b, equal_nan=True) for a, b in zip(c_out, old, strict=True)
+    )
+
+
+def _launch_checks(h: dict[str, Any], ref_h: dict[str, Any], platform: str) -> Judgement | None:
+    ref_ops = {o for o in ref_h.get("ops", []) if not is_plumbing(o)}
+    cand_ops = set(h.get("ops", []))
+    heavy_used = sorted(o for o in cand_ops & ref_ops if is_heavy(o))
+    if heavy_used:
+        return Judgement(Reason.CALLS_REFERENCE_OP, "ran the reference's compute in PyTorch: " + ", ".join(heavy_used[:5]))
+    if ref_ops and ref_ops <= cand_ops:
+        return Judgement(Reason.CALLS_REFERENCE_OP, "ran every aten op the reference runs: " + ", ".join(sorted(ref_ops)[:6]))
+    launched = bool(h.get("ours")) or h.get("triton_launches", 0) > 0 or bool(h.get("device_kernels"))
+    if not launched:
+        where = {"cpu": "no kforge:: kernel region (cpu_runtime.launch)", "triton": "no Triton JIT launch"}
+        return Judgement(Reason.NO_KERNEL_LAUNCHED, f"{where.get(platform, 'no kernel of its own')} ran during forward")
+    return None

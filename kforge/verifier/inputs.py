@@ -1,0 +1,116 @@
+"""Deterministic test inputs, shared by the reference worker and the candidate worker.
+
+Both processes rebuild the same inputs from ``(problem, sizes, seed, distribution)``, so the
+reference's outputs never exist inside the candidate's process. Floating inputs are redrawn
+from one of several distributions (integer inputs such as indices keep the problem's own)::
+
+    native   what ``get_inputs()`` returns
+    signed   standard normal (negative values even if the problem draws from [0, 1))
+    heavy    Cauchy, clipped to +-1e3 (outliers that break naive max/exp tricks)
+    scaled   native x 64 (large magnitudes: overflow in an unshifted exp shows up)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DISTRIBUTIONS: tuple[str, ...] = ("native", "signed", "heavy", "scaled")
+
+
+@dataclass(frozen=True)
+class Case:
+    index: int
+    seed: int
+    dist: str
+    sizes: dict[str, int] | None  # None: the preset's sizes; else the sizes of a shape case
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "seed": self.seed, "dist": self.dist, "sizes": self.sizes}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Case:
+        return cls(int(data["index"]), int(data["seed"]), str(data["dist"]), data.get("sizes"))
+
+
+def plan_cases(trials: int, shape_sizes: dict[str, int] | None, base_seed: int = 1234) -> list[Case]:
+    """``max(trials, 4)`` cases at the preset size cycling through the distributions, plus one
+    case at other sizes (shape specialisation) when ``shape_sizes`` is given."""
+    n = max(trials, len(DISTRIBUTIONS))
+    cases = [Case(i, base_seed + 7919 * i, DISTRIBUTIONS[i % len(DISTRIBUTIONS)], None) for i in range(n)]
+    if shape_sizes:
+        cases.append(Case(n, base_seed + 7919 * n, "native", dict(shape_sizes)))
+    return cases
+
+
+def alternative_sizes(sizes: dict[str, int]) -> list[dict[str, int]]:
+    """Other size sets to try for the shape case, most different first: every size constant
+    of at least 16 scaled by about 3/4 (odd, off any power of two), then halved."""
+    options = []
+    for scale in (lambda v: v * 3 // 4 + 1, lambda v: max(1, v // 2)):
+        alt = {k: (scale(v) if v >= 16 else v) for k, v in sizes.items()}
+        if alt != sizes and alt not in options:
+            options.append(alt)
+    return options
+
+
+def _redraw(t: torch.Tensor, dist: str, gen: torch.Generator) -> torch.Tensor:
+    if not t.is_floating_point() or dist == "native":
+        return t
+    if dist == "signed":
+        return torch.randn(t.shape, generator=gen, dtype=t.dtype)
+    if dist == "heavy":
+        u = torch.rand(t.shape, generator=gen, dtype=torch.float64)
+        return torch.tan(torch.pi * (u - 0.5)).clamp(-1e3, 1e3).to(t.dtype)
+    if dist == "scaled":
+        return t * 64
+    raise ValueError(f"unknown input distribution {dist!r}")
+
+
+def make_inputs(module: Any, case: Case, device: str) -> list[Any]:
+    """The inputs of one case: ``get_inputs()`` under the case's seed, redrawn, on ``device``."""
+    torch.manual_seed(case.seed)
+    raw = list(module.get_inputs())
+    gen = torch.Generator().manual_seed(case.seed + 1)
+    out: list[Any] = []
+    for value in raw:
+        if isinstance(value, torch.Tensor):
+            value = _redraw(value.detach().cpu(), case.dist, gen).to(device)
+        out.append(value)
+    return out
+
+
+def tensors_in(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from tensors_in(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from tensors_in(item)
+
+
+def digest(values: list[Any]) -> str:
+    """sha256 over shapes, dtypes and bytes of every tensor in ``values`` (other values by repr)."""
+    h = hashlib.sha256()
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            t = value.detach().to("cpu").contiguous()
+            h.update(f"{tuple(t.shape)}{t.dtype}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        else:
+            h.update(repr(value).encode())
+    return h.hexdigest()
+
+
+def load_case_problem(path: Path, preset: str, sizes: dict[str, int] | None) -> Any:
+    """The problem module with the case's sizes applied (``kforge.problems``)."""
+    from kforge.problems import load_problem
+
+    return load_problem(path, preset=preset, sizes=sizes)

@@ -1,0 +1,83 @@
+"""Measured peaks of this host's device (copy bandwidth, fp32 matmul throughput), cached as
+JSON keyed by host and device name, so roofline checks use numbers from this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from kforge.schema import Record
+
+
+class Peaks(Record):
+    host: str
+    device: str
+    device_name: str
+    copy_gbps: float
+    matmul_gflops: float
+    measured_at: str = ""
+
+
+def device_name(device: str) -> str:
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.get_device_name(torch.cuda.current_device())
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"
+
+
+def _best_seconds(fn: object, device: str, reps: int) -> float:
+    import torch
+
+    best = float("inf")
+    for _ in range(reps):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()  # type: ignore[operator]
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure_peaks(device: str, cache_dir: Path) -> Peaks:
+    """Best-of-N copy GB/s and fp32 matmul GFLOP/s; measured once per host and device."""
+    import torch
+
+    name = device_name(device)
+    host = socket.gethostname()
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{host}__{device}__{name}")[:200]
+    path = Path(cache_dir) / f"peaks-{slug}.json"
+    if path.is_file():
+        try:
+            return Peaks.model_validate_json(path.read_text())
+        except ValueError:
+            path.unlink(missing_ok=True)
+    n_copy = (256 if device == "cuda" else 32) * 1024 * 1024 // 4
+    src = torch.ones(n_copy, device=device)
+    dst = torch.empty_like(src)
+    copy_s = _best_seconds(lambda: dst.copy_(src), device, 10)
+    size = 8192 if device == "cuda" else 1024
+    a = torch.randn(size, size, device=device)
+    b = torch.randn(size, size, device=device)
+    mm_s = _best_seconds(lambda: torch.mm(a, b), device, 5)
+    peaks = Peaks(host=host, device=device, device_name=name,
+                  copy_gbps=2 * n_copy * 4 / copy_s / 1e9, matmul_gflops=2 * size**3 / mm_s / 1e9,
+                  measured_at=datetime.now(UTC).isoformat(timespec="seconds"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(peaks.model_dump(), indent=1))
+    os.replace(tmp, path)
+    return peaks

@@ -1,0 +1,232 @@
+"""Dynamic probes the worker runs around each candidate call (worker side, imports torch).
+
+- ``Integrity``: identities of the timers, torch entry points and harness functions taken
+  before the candidate is imported; any replacement afterwards is harness tampering.
+- ``precision_flags``: TF32 / matmul-precision switches, read after every call.
+- ``LaunchCounter``: our kernels (``kforge::`` profiler regions, Triton JIT launches, CUDA
+  kernels not issued by aten) and the aten ops a call ran.
+- ``output_report``: exact type, device, aliasing with the inputs; ``encode_tensor`` for the wire.
+- ``background_work``: Python threads and child processes still alive after a call returns.
+"""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from kforge.verifier.protocol import WIRE_DTYPES, wire_dtype
+
+# Aten ops that are plumbing, not compute: never "the reference's compute" by themselves.
+PLUMBING = (
+    "empty", "view", "reshape", "_reshape", "as_strided", "detach", "contiguous", "copy_", "to",
+    "_to_copy", "clone", "expand", "t", "transpose", "permute", "unsqueeze", "squeeze",
+    "select", "slice", "resolve_conj", "resolve_neg", "lift", "alias", "fill_", "zero_",
+    "zeros", "ones", "full", "zeros_like", "ones_like", "empty_like", "empty_strided", "flatten",
+    "unbind", "split", "chunk", "narrow", "item", "_local_scalar_dense", "numpy_T", "is_nonzero",
+    "result_type", "size", "stride", "set_", "record_stream", "_unsafe_view", "cat", "stack",
+)
+# Compute classes that a candidate may not hand back to PyTorch (item 1 of VERIFY.md).
+HEAVY = (
+    "mm", "bmm", "addmm", "matmul", "linear", "baddbmm", "addbmm", "dot", "mv", "einsum",
+    "convolution", "conv", "_softmax", "softmax", "_log_softmax", "log_softmax", "logsumexp",
+    "layer_norm", "native_layer_norm", "group_norm", "native_group_norm", "batch_norm",
+    "native_batch_norm", "instance_norm", "rms_norm", "_fused_rms_norm", "scaled_dot_product",
+    "sum", "mean", "max", "amax", "min", "amin", "prod", "var", "std", "norm", "cumsum",
+    "argmax", "argmin", "sort", "topk",
+)
+
+
+def op_base(name: str) -> str:
+    return name.removeprefix("aten::").split(".")[0]
+
+
+def is_plumbing(name: str) -> bool:
+    return op_base(name) in PLUMBING
+
+
+def is_heavy(name: str) -> bool:
+    base = op_base(name)
+    return base in HEAVY or base.startswith(("conv", "cudnn_", "mkldnn_", "_convolution"))
+
+
+class Integrity:
+    """Identities of what a candidate must not replace; ``changed()`` names what moved."""
+
+    def __init__(self, harness: list[tuple[Any, str, list[str]]]) -> None:
+        self.watch: dict[str, tuple[Any, str, Any]] = {}
+        self._add(time, "time", ["perf_counter", "perf_counter_ns", "time", "monotonic", "sleep"])
+        self._add(os, "os", ["_exit", "write", "fork"])
+        self._add(builtins, "builtins", ["isinstance", "type", "len", "print", "open", "id"])
+        self._add(torch, "torch", ["allclose", "equal", "isclose", "isfinite", "manual_seed",
+                                   "empty", "randn", "rand", "matmul", "softmax", "empty_like"])
+        self._add(torch.Tensor, "torch.Tensor", ["__eq__", "clone", "cpu", "numpy", "to",
+                                                 "data_ptr", "contiguous", "__torch_function__"])
+        self._add(torch.nn.Module, "torch.nn.Module", ["__call__", "_call_impl", "load_state_dict"])
+        self._add(F, "F", ["linear", "conv2d", "softmax", "layer_norm"])
+        self._add(torch.cuda, "torch.cuda", ["synchronize", "Event", "current_stream"])
+        self._add(torch.profiler, "torch.profiler", ["profile", "record_function"])
+        for owner, label, names in harness:
+            self._add(owner, label, names)
+
+    def _add(self, owner: Any, label: str, names: list[str]) -> None:
+        for name in names:
+            if hasattr(owner, name):
+                self.watch[f"{label}.{name}"] = (owner, name, inspect.getattr_static(owner, name))
+
+    def changed(self) -> list[str]:
+        moved = []
+        for key, (owner, name, original) in self.watch.items():
+            if inspect.getattr_static(owner, name, None) is not original:
+                moved.append(key)
+        return moved
+
+
+def precision_flags() -> dict[str, Any]:
+    flags: dict[str, Any] = {"float32_matmul_precision": torch.get_float32_matmul_precision()}
+    flags["cuda_matmul_allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
+    flags["cudnn_allow_tf32"] = bool(torch.backends.cudnn.allow_tf32)
+    flags["autocast"] = bool(torch.is_autocast_enabled())
+    return flags
+
+
+def precision_violations(flags: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
+    """Precision switches the candidate turned on (PyTorch's own defaults are not its doing)."""
+    bad = []
+    if flags["float32_matmul_precision"] != baseline.get("float32_matmul_precision", "highest"):
+        bad.append(f"float32 matmul precision {flags['float32_matmul_precision']!r}")
+    for key in ("cuda_matmul_allow_tf32", "cudnn_allow_tf32", "autocast"):
+        if flags[key] and not baseline.get(key, False):
+            bad.append(f"{key} enabled")
+    return bad
+
+
+class LaunchCounter:
+    """Counts Triton JIT launches by wrapping the launcher class (installed before import)."""
+
+    def __init__(self) -> None:
+        self.triton_launches = 0
+        self._installed = False
+
+    def install(self) -> None:
+        try:
+            from triton.runtime import jit
+        except Exception:  # noqa: BLE001 - triton absent or broken: nothing to count
+            return
+        counter = self
+        for cls_name in ("JITFunction",):
+            cls = getattr(jit, cls_name, None)
+            if cls is None or not hasattr(cls, "run"):
+                continue
+            original = cls.run
+
+            def run(self: Any, *args: Any, __orig: Any = original, **kwargs: Any) -> Any:
+                counter.triton_launches += 1
+                return __orig(self, *args, **kwargs)
+
+            cls.run = run
+        try:
+            from triton.runtime import interpreter
+
+            cls = interpreter.InterpretedFunction
+            original_i = cls.run
+
+            def run_i(self: Any, *args: Any, __orig: Any = original_i, **kwargs: Any) -> Any:
+                counter.triton_launches += 1
+                return __orig(self, *args, **kwargs)
+
+            cls.run = run_i
+        except Exception:  # noqa: BLE001 - interpreter not available in this triton
+            pass
+        self._installed = True
+
+
+AT_KERNEL_MARKERS = ("at::native", "at_cuda_detail", "cublas", "cutlass", "gemm", "cudnn",
+                     "sm90_xmma", "sm80_xmma", "ampere_", "Memcpy", "Memset")
+
+
+def profile_events(prof: Any) -> tuple[list[str], list[str], list[str]]:
+    """(aten ops, our CPU regions, device kernels not issued by aten) of a profiled call."""
+    ops, ours, device_kernels = [], [], []
+    for e in prof.events():
+        name = e.name
+        if name.startswith("kforge::"):
+            ours.append(name)
+        elif name.startswith("aten::"):
+            ops.append(name)
+        elif str(e.device_type).endswith("CUDA") and not any(m in name for m in AT_KERNEL_MARKERS):
+            device_kernels.append(name)
+    return ops, ours, device_kernels
+
+
+def storage_span(t: torch.Tensor) -> tuple[int, int]:
+    s = t.untyped_storage()
+    return s.data_ptr(), s.data_ptr() + s.nbytes()
+
+
+def output_report(out: Any, inputs: list[Any], device: str) -> tuple[dict[str, Any], list[torch.Tensor]]:
+    """Check an output object without calling anything it overrides; returns (report, tensors)."""
+    items: list[Any]
+    if type(out) is torch.Tensor:
+        items, structure = [out], "tensor"
+    elif type(out) in (tuple, list):
+        items, structure = list(out), type(out).__name__
+    else:
+        return {"rigged": f"output is a {type(out).__module__}.{type(out).__qualname__}, "
+                          "not a torch.Tensor or a tuple of them"}, []
+    for item in items:
+        if type(item) is not torch.Tensor:
+            return {"rigged": f"output item is a {type(item).__qualname__}, not exactly torch.Tensor"}, []
+    report: dict[str, Any] = {"structure": structure, "aliases": [], "wrong_device": []}
+    spans = [storage_span(t) for t in inputs if isinstance(t, torch.Tensor)]
+    for i, t in enumerate(items):
+        if t.device.type != torch.device(device).type or t.is_meta:
+            report["wrong_device"].append(f"output {i} on {t.device}")
+            continue
+        lo, hi = storage_span(t)
+        if t.numel() and any(lo < b and a < hi for a, b in spans):
+            report["aliases"].append(i)
+    return report, items
+
+
+def encode_tensor(t: torch.Tensor) -> tuple[dict[str, Any], bytes]:
+    wire = wire_dtype(str(t.dtype))
+    target = {"float64": torch.float64, "float32": torch.float32, "int64": torch.int64}[wire]
+    data = t.detach().to("cpu")
+    if data.is_complex():
+        data = torch.view_as_real(data)
+    raw = data.to(target).contiguous().numpy().astype(WIRE_DTYPES[wire], copy=False).tobytes()
+    meta = {"shape": list(t.shape), "dtype": str(t.dtype), "wire": wire, "device": str(t.device)}
+    return meta, raw
+
+
+def background_work(threads_before: set[int]) -> list[str]:
+    """Python threads started by the call and still running, and child processes alive."""
+    alive = [
+        f"thread {t.name!r}" for t in threading.enumerate()
+        if t.ident not in threads_before and t.is_alive() and t is not threading.current_thread()
+    ]
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat.rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == me and fields[0] != "Z":
+            alive.append(f"child process {entry.name}")
+    return alive
+
+
+def settle(seconds: float = 0.05) -> None:
+    """Give background work a moment to show itself (the output changing after return)."""
+    time.sleep(seconds)

@@ -1,0 +1,99 @@
+"""``profile_candidate``: time a (verified) candidate against eager and torch.compile of the
+reference in one sandboxed process, with a kernel table, a roofline and clock telemetry.
+
+    speedup = min(eager, compiled) / candidate, reported as 1.0 inside the noise band
+    roofline_ms = max(flops / peak_flops, min_bytes / peak_bw); faster than 0.9 x roofline
+    -> reason beats_roofline (flagged, not shipped)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from kforge.schema import KernelStat, Profile, Timing
+from kforge.verifier.peaks import Peaks
+from kforge.verifier.reasons import Reason
+from kforge.verifier.runner import run_job
+from kforge.verifier.sandbox import Limits
+from kforge.verifier.telemetry import read_clocks
+from kforge.verifier.timing import speedup
+from kforge.verifier.verify import MODEL_SEED
+
+ROOFLINE_SLACK = 0.9  # faster than 90% of the roofline floor is impossible, not impressive
+
+
+def roofline(profile: Profile, peaks: Peaks | None) -> Profile:
+    """Fill achieved rates, peaks and roofline; flag a candidate faster than physics allows."""
+    cand = profile.candidate
+    if cand is None or cand.median_ms <= 0:
+        return profile
+    seconds = cand.median_ms / 1e3
+    profile.achieved_gflops = profile.flops / seconds / 1e9
+    profile.achieved_gbps = profile.min_bytes / seconds / 1e9
+    if peaks is None:
+        profile.extra["roofline"] = "no peaks given"
+        return profile
+    profile.peak_gflops, profile.peak_gbps = peaks.matmul_gflops, peaks.copy_gbps
+    floor_s = max(profile.flops / (peaks.matmul_gflops * 1e9), profile.min_bytes / (peaks.copy_gbps * 1e9))
+    profile.roofline_ms = floor_s * 1e3
+    beats = profile.roofline_ms > 0 and cand.median_ms < ROOFLINE_SLACK * profile.roofline_ms
+    profile.extra["beats_roofline"] = beats
+    if beats:
+        profile.ok, profile.reason = False, Reason.BEATS_ROOFLINE.value
+        profile.detail = (f"{cand.median_ms:.4g} ms is below the roofline floor {profile.roofline_ms:.4g} ms: "
+                          "the timing or the kernel is not honest")
+    return profile
+
+
+def profile_candidate(
+    source: str, problem_path: Path, *, platform: str, preset: str = "ci",
+    sizes: dict[str, int] | None = None, build_dir: Path | None = None, baselines: bool = False,
+    warmup: int = 3, reps: int = 20, threads: int | None = None, timeout_s: float = 300,
+    peaks: Peaks | None = None,
+) -> Profile:
+    """Timing record of one candidate; never raises for anything the candidate does."""
+    from kforge.platforms import UnknownPlatformError, get_platform
+
+    start = time.monotonic()
+    try:
+        plat = get_platform(platform)
+        device = plat.device()
+    except (UnknownPlatformError, ImportError) as err:
+        return Profile(ok=False, reason=Reason.HARNESS_ERROR.value, detail=str(err))
+    build = Path(build_dir) if build_dir else Path(os.environ.get(
+        "KFORGE_BUILD_DIR", Path.home() / ".cache" / "kforge" / platform))
+    problem_path = Path(problem_path).resolve()
+    job = {"mode": "profile", "problem_path": str(problem_path), "preset": preset, "sizes": sizes,
+           "device": device, "model_seed": MODEL_SEED, "baselines": baselines, "warmup": warmup,
+           "reps": reps, "threads": threads}
+    clocks_before = read_clocks() if device == "cuda" else {"clock_telemetry": "unavailable",
+                                                             "why": "no GPU clocks on a CPU platform"}
+    out = run_job(job, scratch_root=None, env_extra=plat.worker_env(build),
+                  limits=Limits(timeout_s=timeout_s, memory_mb=None), gpu=device == "cuda",
+                  candidate_source=source, ro_paths=[build, problem_path.parent])
+    extra: dict[str, object] = {"sandbox": out.mode, **clocks_before, "seconds": time.monotonic() - start}
+    if device == "cuda":
+        extra["clocks_after"] = read_clocks()
+    if out.reason is not None:
+        return Profile(ok=False, reason=out.reason.value, detail=out.detail, device=device, extra=extra)
+    body = next((f.header for f in out.frames if f.header.get("kind") == "profile"), None)
+    if body is None:
+        return Profile(ok=False, reason=Reason.CRASHED.value, detail="no profile in the answer", device=device)
+    timings = {k: Timing.model_validate(v) for k, v in body["timings"].items()}
+    extra.update(body.get("extra", {}))
+    if any(body.get("host_gap", {}).values()):
+        extra["host_gap"] = body["host_gap"]
+    prof = Profile(ok=True, device=device, candidate=timings.get("candidate"), eager=timings.get("eager"),
+                   compiled=timings.get("compiled"),
+                   kernels=[KernelStat(**k) for k in body.get("kernels", [])],
+                   flops=float(body.get("flops", 0.0)), min_bytes=float(body.get("min_bytes", 0.0)), extra=extra)
+    if body.get("host_gap", {}).get("candidate"):
+        prof.ok, prof.reason = False, Reason.ASYNC_WORK_LEFT.value
+        prof.detail = "host clock after a full device sync far exceeds the CUDA events: work left running"
+    base = [t for t in (prof.eager, prof.compiled) if t is not None]
+    if prof.candidate is not None and base:
+        ratio, note = speedup(prof.candidate, base)
+        prof.extra["speedup"], prof.extra["speedup_note"] = ratio, note
+    return roofline(prof, peaks) if prof.ok else prof

@@ -1,0 +1,63 @@
+"""Machine-readable reason codes for ``Verdict.reason`` and ``Profile.reason``.
+
+One code per way a candidate can fail; the generation agent reads the code, the human reads
+``detail``. Codes are strings on the wire (records stay plain JSON)::
+
+    ok
+    ├── static (no execution)    syntax_error, no_model_new, calls_reference_op, torch_fallback,
+    │                            wraps_reference, harness_tampering, precision_below_policy,
+    │                            forbidden_include, spawns_work
+    ├── process (sandbox)        import_error, timeout, crashed, oom, process_limit,
+    │                            output_flood, device_error, no_device, harness_error
+    ├── outputs (parent compares) output_mismatch, shape_mismatch, dtype_mismatch, nonfinite,
+    │                            aliases_input, mutates_input, rigged_output_object,
+    │                            caches_outputs, shape_specialized, wrong_device
+    └── behaviour (worker probes) no_kernel_launched, async_work_left, beats_roofline
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    OK = "ok"
+    # static
+    SYNTAX_ERROR = "syntax_error"
+    NO_MODEL_NEW = "no_model_new"
+    CALLS_REFERENCE_OP = "calls_reference_op"
+    TORCH_FALLBACK = "torch_fallback"
+    WRAPS_REFERENCE = "wraps_reference"
+    HARNESS_TAMPERING = "harness_tampering"
+    PRECISION_BELOW_POLICY = "precision_below_policy"
+    FORBIDDEN_INCLUDE = "forbidden_include"
+    SPAWNS_WORK = "spawns_work"
+    # process
+    IMPORT_ERROR = "import_error"
+    TIMEOUT = "timeout"
+    CRASHED = "crashed"
+    OOM = "oom"
+    PROCESS_LIMIT = "process_limit"
+    OUTPUT_FLOOD = "output_flood"
+    DEVICE_ERROR = "device_error"
+    NO_DEVICE = "no_device"
+    HARNESS_ERROR = "harness_error"  # our fault (reference failed, bad problem): not the candidate's
+    # outputs
+    OUTPUT_MISMATCH = "output_mismatch"
+    SHAPE_MISMATCH = "shape_mismatch"
+    DTYPE_MISMATCH = "dtype_mismatch"
+    NONFINITE = "nonfinite"
+    ALIASES_INPUT = "aliases_input"
+    MUTATES_INPUT = "mutates_input"
+    RIGGED_OUTPUT_OBJECT = "rigged_output_object"
+    CACHES_OUTPUTS = "caches_outputs"
+    SHAPE_SPECIALIZED = "shape_specialized"
+    WRONG_DEVICE = "wrong_device"
+    # behaviour
+    NO_KERNEL_LAUNCHED = "no_kernel_launched"
+    ASYNC_WORK_LEFT = "async_work_left"
+    BEATS_ROOFLINE = "beats_roofline"
+
+
+# Codes that mean "the harness or the problem failed", not the candidate: callers may retry.
+NOT_CANDIDATE_FAULT: frozenset[Reason] = frozenset({Reason.HARNESS_ERROR, Reason.NO_DEVICE})

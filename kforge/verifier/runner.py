@@ -1,0 +1,113 @@
+"""Start one sandboxed worker job and turn whatever happened into frames or a reason code."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kforge.verifier.protocol import Frame, ProtocolError, decode_frames
+from kforge.verifier.reasons import Reason
+from kforge.verifier.sandbox import Limits, SandboxResult, python_argv, run_sandboxed
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DETAIL_CHARS = 1500
+WORKER_ERRORS = {r.value for r in Reason}
+
+
+@dataclass
+class JobOutcome:
+    frames: list[Frame]
+    reason: Reason | None  # None: the worker finished and sent its final frame
+    detail: str
+    mode: str
+    seconds: float
+
+    @property
+    def done(self) -> dict[str, Any]:
+        return self.frames[-1].header if self.frames else {}
+
+
+def scrub(text: str, scratch: Path | None) -> str:
+    """Short, and free of paths outside the candidate's scratch folder."""
+    if scratch is not None:
+        text = text.replace(str(scratch), ".")
+    text = text.replace(str(REPO_ROOT), "<kforge>")
+    text = re.sub(r"(?<![\w.<])/(?:[\w.+-]+/)+[\w.+-]*", "<path>", text)
+    if len(text) > DETAIL_CHARS:
+        text = "[...]" + text[-DETAIL_CHARS:]
+    return text.strip()
+
+
+def worker_env(extra: dict[str, str], scratch: Path, threads: int | None) -> dict[str, str]:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(scratch), "TMPDIR": str(scratch), "XDG_CACHE_HOME": str(scratch / ".cache"),
+        "PYTHONPATH": str(REPO_ROOT), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
+        "LANG": "C.UTF-8", "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"),
+        "TRITON_CACHE_DIR": str(scratch / "triton"),
+    }
+    for key in ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    env.update(extra)
+    return env
+
+
+def run_job(
+    job: dict[str, Any], *, scratch_root: Path | None, env_extra: dict[str, str], limits: Limits,
+    gpu: bool, candidate_source: str | None = None, ro_paths: list[Path] | None = None,
+) -> JobOutcome:
+    scratch = Path(tempfile.mkdtemp(prefix="kforge-run-", dir=scratch_root))
+    try:
+        if candidate_source is not None:
+            (scratch / "candidate.py").write_text(candidate_source)
+            job = dict(job, candidate_path=str(scratch / "candidate.py"))
+        nonce = secrets.token_bytes(16)
+        payload = json.dumps(dict(job, nonce=nonce.hex())).encode()
+        env = worker_env(env_extra, scratch, job.get("threads"))
+        result = run_sandboxed(python_argv("kforge.verifier.worker"), env=env, scratch=scratch,
+                               stdin=payload, limits=limits, ro_paths=ro_paths, gpu=gpu)
+        return interpret(result, nonce, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def interpret(result: SandboxResult, nonce: bytes, scratch: Path | None) -> JobOutcome:
+    def out(reason: Reason | None, detail: str, frames: list[Frame] | None = None) -> JobOutcome:
+        return JobOutcome(frames or [], reason, scrub(detail, scratch), result.mode, result.seconds)
+
+    if result.output_flood:
+        return out(Reason.OUTPUT_FLOOD, "stdout/stderr exceeded the cap; the run was stopped")
+    if result.timed_out:
+        return out(Reason.TIMEOUT, f"no answer within {result.seconds:.1f} s; killed\n{result.stderr[-600:]}")
+    try:
+        frames = decode_frames(result.result, nonce)
+    except ProtocolError as err:
+        return out(Reason.HARNESS_TAMPERING, f"result pipe: {err}")
+    if result.result_overflow:
+        return out(Reason.OUTPUT_FLOOD, "result exceeded the size cap")
+    finished = bool(frames) and frames[-1].header.get("kind") == "done"
+    if finished:
+        error = frames[-1].header.get("error")
+        if error:
+            reason = Reason(error) if error in WORKER_ERRORS else Reason.CRASHED
+            return out(reason, str(frames[-1].header.get("message", "")), frames)
+        return out(None, "", frames)
+    if result.oom:
+        return out(Reason.OOM, "killed by the memory limit")
+    if result.pids_limited:
+        return out(Reason.PROCESS_LIMIT, "hit the process-count limit and died without an answer")
+    tail = result.stderr[-800:]
+    if "MemoryError" in tail or "can't allocate memory" in tail:
+        return out(Reason.OOM, tail)
+    how = f"signal {result.signal}" if result.signal else f"exit code {result.returncode}"
+    return out(Reason.CRASHED, f"worker ended ({how}) without an answer\n{tail}", frames)

@@ -1,0 +1,132 @@
+"""One timing method for every platform (runs inside the profile worker).
+
+    warm up every callable ─> for each repetition, in turn for each callable (alternated):
+        GPU: flush L2 (buffer = 2 x the device's L2, read from its properties), full sync,
+             host clock + CUDA events around the call, full sync, host clock again
+        CPU: fixed thread count, pinned to the same cores, host clock around the call
+    ─> median, mean, min and coefficient of variation per callable
+
+On the GPU the event time is the measurement and the host time after a full device sync is
+the check: work left on a side stream or a thread shows as host >> events.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kforge.schema import Timing
+
+HOST_GAP_FACTOR = 2.0  # host time above this many times the event time is suspicious
+HOST_GAP_FLOOR_MS = 0.05
+
+
+@dataclass
+class Samples:
+    ms: list[float] = field(default_factory=list)
+    host_ms: list[float] = field(default_factory=list)
+
+    def timing(self) -> Timing:
+        return summarize(self.ms)
+
+    def host_gap(self) -> bool:
+        """True when the host clock (after a full sync) disagrees with the events."""
+        if not self.host_ms or not self.ms:
+            return False
+        host, ev = statistics.median(self.host_ms), statistics.median(self.ms)
+        return host > HOST_GAP_FACTOR * ev + HOST_GAP_FLOOR_MS
+
+
+def summarize(ms: list[float]) -> Timing:
+    if not ms:
+        raise ValueError("no timing samples")
+    mean = statistics.fmean(ms)
+    cv = statistics.pstdev(ms) / mean if mean > 0 and len(ms) > 1 else 0.0
+    return Timing(median_ms=statistics.median(ms), mean_ms=mean, cv=cv, reps=len(ms), min_ms=min(ms))
+
+
+def pin_cpu(threads: int | None) -> dict[str, Any]:
+    """Fix torch's thread count and pin this process to that many cores (the same each rep)."""
+    cores = sorted(os.sched_getaffinity(0))
+    n = max(1, min(threads or len(cores), len(cores)))
+    os.sched_setaffinity(0, cores[:n])
+    torch.set_num_threads(n)
+    return {"threads": n, "cores": cores[:n]}
+
+
+class L2Flush:
+    """Writes a buffer twice the size of the device's L2 between repetitions."""
+
+    def __init__(self, device: str) -> None:
+        self.buffer: torch.Tensor | None = None
+        if device == "cuda" and torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+            l2 = int(getattr(props, "L2_cache_size", 0) or 0) or 64 * 1024 * 1024
+            self.buffer = torch.empty(2 * l2 // 4, dtype=torch.float32, device="cuda")
+        self.bytes = 0 if self.buffer is None else self.buffer.numel() * 4
+
+    def __call__(self) -> None:
+        if self.buffer is not None:
+            self.buffer.fill_(1.0)
+
+
+def _time_cpu(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter_ns()
+    fn()
+    return (time.perf_counter_ns() - t0) / 1e6
+
+
+def _time_cuda(fn: Callable[[], Any]) -> tuple[float, float]:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    h0 = time.perf_counter_ns()
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    host = (time.perf_counter_ns() - h0) / 1e6
+    return start.elapsed_time(end), host
+
+
+def time_alternating(
+    fns: dict[str, Callable[[], Any]], *, device: str, warmup: int, reps: int
+) -> dict[str, Samples]:
+    """Time every callable ``reps`` times, interleaved so drift hits all of them alike."""
+    flush = L2Flush(device)
+    for _ in range(max(1, warmup)):
+        for fn in fns.values():
+            fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    samples = {name: Samples() for name in fns}
+    order = list(fns)
+    for rep in range(reps):
+        rotated = order[rep % len(order):] + order[: rep % len(order)]
+        for name in rotated:
+            flush()
+            if device == "cuda":
+                ev, host = _time_cuda(fns[name])
+                samples[name].ms.append(ev)
+                samples[name].host_ms.append(host)
+            else:
+                samples[name].ms.append(_time_cpu(fns[name]))
+    return samples
+
+
+def speedup(candidate: Timing, baselines: list[Timing], *, k: float = 2.0) -> tuple[float, str]:
+    """min(baselines) / candidate, reported as exactly 1.0 when inside the noise band
+    ``k * sqrt(cv_c^2 + cv_b^2)`` (at least 2%)."""
+    if not baselines:
+        return 0.0, "no baseline timed"
+    best = min(baselines, key=lambda t: t.median_ms)
+    ratio = best.median_ms / candidate.median_ms if candidate.median_ms > 0 else float("inf")
+    band = max(0.02, k * (candidate.cv**2 + best.cv**2) ** 0.5)
+    if abs(ratio - 1.0) <= band:
+        return 1.0, f"no measurable difference (within +-{band:.1%} noise band)"
+    return ratio, ("faster" if ratio > 1 else "slower") + f" than the best baseline (band +-{band:.1%})"

@@ -1,0 +1,153 @@
+"""``verify_candidate``: static checks, a reference run, a candidate run, a parent-side verdict.
+
+    static_check ──reject──> Verdict(reason)            (nothing executed)
+        │ok
+    reference worker (cached by problem/preset/cases)   Model on every case, shape case chosen
+    candidate worker (fresh, sandboxed)                 ModelNew on the same cases + probes
+        │frames (raw bytes, nonce)
+    correctness.judge in the parent ──> Verdict
+
+The reference never runs in the candidate's process: its outputs cannot be found there, and a
+candidate cannot patch it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kforge.schema import TOLERANCES, Policy, Verdict
+from kforge.verifier.checks import static_check
+from kforge.verifier.correctness import judge
+from kforge.verifier.inputs import plan_cases
+from kforge.verifier.protocol import Frame
+from kforge.verifier.reasons import Reason
+from kforge.verifier.runner import JobOutcome, run_job
+from kforge.verifier.sandbox import Limits
+
+MODEL_SEED = 42
+REFERENCE_CACHE_VERSION = "1"
+
+
+def reference_cache_dir() -> Path:
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kforge" / "reference"
+    return Path(os.environ.get("KFORGE_REFERENCE_CACHE", default))
+
+
+def _reference(job: dict[str, Any], *, scratch: Path | None, env: dict[str, str], limits: Limits,
+               gpu: bool) -> JobOutcome:
+    """The reference run, cached by everything it depends on (frames stored, nonce-free)."""
+    problem_source = Path(job["problem_path"]).read_bytes()
+    key = hashlib.sha256(json.dumps(
+        [REFERENCE_CACHE_VERSION, hashlib.sha256(problem_source).hexdigest(), job, sys.version,
+         sys.executable, sorted(env.items())], sort_keys=True, default=str).encode()).hexdigest()
+    path = reference_cache_dir() / f"{key}.json"
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            frames = [Frame(f["header"], [bytes.fromhex(b) for b in f["blobs"]]) for f in data]
+            return JobOutcome(frames, None, "", "cache", 0.0)
+        except (ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)
+    outcome = run_job(job, scratch_root=scratch, env_extra=env, limits=limits, gpu=gpu)
+    if outcome.reason is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps([{"header": f.header, "blobs": [b.hex() for b in f.blobs]}
+                                   for f in outcome.frames]))
+        os.replace(tmp, path)
+    return outcome
+
+
+def verify_candidate(
+    source: str, problem_path: Path, *, platform: str, policy: Policy, preset: str = "ci",
+    sizes: dict[str, int] | None = None, build_dir: Path | None = None, trials: int = 3,
+    timeout_s: float = 120, memory_mb: int = 4096, scratch: Path | None = None,
+) -> Verdict:
+    """Verify one candidate; never raises for anything the candidate does."""
+    return run_verification(source, problem_path, platform=platform, policy=policy, preset=preset,
+                            sizes=sizes, build_dir=build_dir, trials=trials, timeout_s=timeout_s,
+                            memory_mb=memory_mb, scratch=scratch)
+
+
+def run_verification(
+    source: str, problem_path: Path, *, platform: str, policy: Policy, preset: str = "ci",
+    sizes: dict[str, int] | None = None, build_dir: Path | None = None, trials: int = 3,
+    timeout_s: float = 120, memory_mb: int = 4096, scratch: Path | None = None,
+    static: bool = True, max_pids: int = 256,
+) -> Verdict:
+    """``verify_candidate`` with knobs for tests: ``static=False`` exercises the dynamic layer
+    alone, as if a pattern had slipped past the AST checks."""
+    start = time.monotonic()
+    tol = TOLERANCES[policy]
+
+    def verdict(reason: Reason, detail: str = "", **kw: Any) -> Verdict:
+        return Verdict(ok=reason is Reason.OK, reason=reason.value, detail=detail[:2000], policy=policy,
+                       atol=tol, rtol=tol, seconds=time.monotonic() - start, **kw)
+
+    problem_path = Path(problem_path).resolve()
+    try:
+        problem_source = problem_path.read_text()
+    except OSError as err:
+        return verdict(Reason.HARNESS_ERROR, f"cannot read problem {problem_path.name}: {err.strerror}")
+    if static:
+        findings = [f for f in static_check(source, problem_source, platform=platform)
+                    if policy == "strict" or not f.strict_only]
+        if findings:
+            return verdict(findings[0].reason, "; ".join(str(f) for f in findings[:5]), sandbox="none")
+    from kforge.platforms import UnknownPlatformError, get_platform
+
+    try:
+        plat = get_platform(platform)
+        device = plat.device()
+        info = plat.describe()
+    except (UnknownPlatformError, ImportError) as err:
+        return verdict(Reason.HARNESS_ERROR, str(err))
+    if not info.runnable:
+        return verdict(Reason.NO_DEVICE, f"platform {platform} cannot run here: {info.reason}", device=device)
+    build = Path(build_dir) if build_dir else Path(os.environ.get("KFORGE_BUILD_DIR", Path.home() / ".cache" / "kforge" / platform))
+    env = plat.worker_env(build)
+    gpu = device == "cuda"
+    limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, max_pids=max_pids)
+    cases = [c.to_json() for c in plan_cases(trials, None)]
+    shape_index = len(cases)
+    cases.append({"index": shape_index, "seed": 99991, "dist": "native", "sizes": "auto"})
+    ref_job = {"mode": "reference", "problem_path": str(problem_path), "preset": preset,
+               "sizes": sizes, "cases": cases, "device": device, "model_seed": MODEL_SEED}
+    ro = [build, problem_path.parent]
+    ref = _reference(ref_job, scratch=scratch, env=env, limits=Limits(timeout_s=max(timeout_s, 300), memory_mb=None), gpu=gpu)
+    extra = {"sandbox": ref.mode if ref.mode != "cache" else "", "device": device,
+             "interpreted": bool(info.interpreted)}
+    if ref.reason is not None:
+        return verdict(Reason.HARNESS_ERROR, f"reference run failed: {ref.reason}: {ref.detail}", **extra)
+    ref_cases = {int(f.header["index"]): f for f in ref.frames if f.header.get("kind") == "case"}
+    if all("error" in f.header for f in ref_cases.values()) or "error" in ref_cases.get(0, Frame({"error": 1})).header:
+        return verdict(Reason.HARNESS_ERROR, f"reference failed: {ref_cases.get(0, Frame({})).header.get('error')}", **extra)
+    shape_frame = ref_cases.get(shape_index)
+    if shape_frame is not None and "error" not in shape_frame.header:
+        cases[shape_index]["sizes"] = shape_frame.header["sizes"]
+    else:
+        cases.pop()
+    cand_job = dict(ref_job, mode="candidate", cases=cases)
+    out = run_job(cand_job, scratch_root=scratch, env_extra=env, limits=limits, gpu=gpu,
+                  candidate_source=source, ro_paths=ro)
+    extra["sandbox"] = out.mode
+    notes = _notes(ref)
+    if out.reason is not None:
+        return verdict(out.reason, out.detail + notes, **extra)
+    cand_cases = {int(f.header["index"]): f for f in out.frames if f.header.get("kind") == "case"}
+    j = judge(ref_cases, cand_cases, tol=tol, strict=policy == "strict",
+              shape_index=shape_index if shape_index in ref_cases and len(cases) > shape_index else None,
+              platform=platform)
+    return verdict(j.reason, j.detail + notes, trials=j.cases, max_abs_err=j.max_abs_err,
+                   rel_err_norm=j.rel_err_norm, **extra)
+
+
+def _notes(ref: JobOutcome) -> str:
+    flags = [f for f in ref.done.get("degenerate", []) if f]
+    return f" [problem degenerate: {', '.join(flags)}]" if flags else ""

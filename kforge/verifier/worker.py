@@ -1,0 +1,219 @@
+"""The sandboxed worker: ``python -m kforge.verifier.worker`` (one process per job).
+
+Reads its job (JSON) from stdin, answers in frames on the result pipe (``protocol.py``) and
+ends with ``os._exit`` right after the final frame, so no ``atexit`` hook or finaliser of the
+candidate runs after the answer. Modes::
+
+    reference   the problem's Model on every case: outputs, input digests, aten ops, flags
+    candidate   ModelNew on the same cases: outputs (raw bytes), probes around every call
+    profile     candidate and baselines timed alternately in this process (``timing.py``)
+
+The parent compares; the worker only reports facts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+NONCE: bytes = b""
+RESULT_FD = -1
+
+
+def send(header: dict[str, Any], blobs: list[bytes] | None = None) -> None:
+    from kforge.verifier.protocol import send_frame
+
+    send_frame(RESULT_FD, NONCE, header, blobs)
+
+
+def finish(header: dict[str, Any] | None = None) -> None:
+    send(dict(header or {}, kind="done"))
+    os.close(RESULT_FD)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def fail(kind: str, exc: BaseException | str, **extra: Any) -> None:
+    text = exc if isinstance(exc, str) else "".join(traceback.format_exception(exc)[-6:])
+    if not isinstance(exc, str) and _is_oom(exc):
+        kind = "oom"
+    if not isinstance(exc, str) and _is_device_error(exc):
+        kind = "device_error"
+    finish({"error": kind, "message": text[-4000:], **extra})
+
+
+def _is_oom(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, MemoryError) or "out of memory" in text or "can't allocate memory" in text
+
+
+def _is_device_error(exc: BaseException) -> bool:
+    text = str(exc)
+    return "CUDA error" in text or "illegal memory access" in text or "device-side assert" in text
+
+
+def load_module(path: Path, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_models(problem: Any, model_new_cls: type | None, seed: int, device: str) -> tuple[Any, Any]:
+    """Model and ModelNew from the same seed; ModelNew takes Model's weights when names match."""
+    import torch
+
+    torch.manual_seed(seed)
+    ref = problem.Model(*problem.get_init_inputs()).to(device).eval()
+    new = None
+    if model_new_cls is not None:
+        torch.manual_seed(seed)
+        new = model_new_cls(*problem.get_init_inputs()).to(device).eval()
+        ref_state, new_state = ref.state_dict(), new.state_dict()
+        if ref_state.keys() == new_state.keys() and all(
+            ref_state[k].shape == new_state[k].shape for k in ref_state
+        ):
+            new.load_state_dict(ref_state)
+    return ref, new
+
+
+def warm_thread_pool() -> None:
+    """Start torch's intra-op threads before any candidate code, so they are not 'its' threads."""
+    import torch
+
+    import torch._dynamo  # noqa: F401 - it rewraps torch.manual_seed on import: do it before snapshots
+    from torch.profiler import ProfilerActivity, profile
+
+    a = torch.randn(1 << 18)
+    with profile(activities=[ProfilerActivity.CPU]):
+        (a * a).sum()
+
+
+def poison(nbytes: int, device: str) -> None:
+    """Fill and free a block so a reused uninitialised allocation shows NaN, not an answer."""
+    import torch
+
+    n = max(1, nbytes // 4)
+    block = torch.full((n,), float("nan"), device=device)
+    del block
+
+
+def _reference_case(job: dict[str, Any], case: Any, cache: dict[str, Any]) -> tuple[dict[str, Any], list[bytes]]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from kforge.verifier.inputs import digest, load_case_problem, make_inputs, tensors_in
+    from kforge.verifier.probes import encode_tensor, profile_events
+
+    device = job["device"]
+    sizes = case.sizes if case.sizes is not None else job.get("sizes")
+    key = json.dumps(sizes, sort_keys=True)
+    if key not in cache:
+        p = load_case_problem(Path(job["problem_path"]), job["preset"], sizes)
+        cache[key] = (p, build_models(p, None, job["model_seed"], device)[0])
+    problem, model = cache[key]
+    inputs = make_inputs(problem, case, device)
+    before = digest(inputs)
+    ops: list[str] = []
+    same = True
+    with torch.no_grad():
+        if case.index == 0:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                out = model(*inputs)
+            ops = sorted(set(profile_events(prof)[0]))
+            again = model(*inputs)
+            same = all(torch.equal(a, b) for a, b in zip(tensors_in(out), tensors_in(again), strict=True))
+        else:
+            out = model(*inputs)
+    tensors = list(tensors_in(out))
+    metas, blobs = [], []
+    for t in tensors:
+        meta, blob = encode_tensor(t)
+        metas.append(meta)
+        blobs.append(blob)
+    header = {"kind": "case", "index": case.index, "dist": case.dist, "sizes": sizes, "outputs": metas,
+              "digest": before, "ops": ops, "deterministic": same}
+    return header, blobs
+
+
+def run_reference(job: dict[str, Any]) -> None:
+    from kforge.verifier.inputs import Case, alternative_sizes, load_case_problem
+
+    cache: dict[str, Any] = {}
+    path = Path(job["problem_path"])
+    for raw in job["cases"]:
+        if raw.get("sizes") == "auto":
+            try:
+                base = load_case_problem(path, job["preset"], job.get("sizes")).sizes()
+            except Exception as exc:  # noqa: BLE001
+                send({"kind": "case", "index": raw["index"], "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            options = [dict(raw, sizes=alt) for alt in alternative_sizes(base)]
+        else:
+            options = [raw]
+        error = "no other sizes to try"
+        for option in options:
+            try:
+                header, blobs = _reference_case(job, Case.from_json(option), cache)
+                send(header, blobs)
+                break
+            except Exception as exc:  # noqa: BLE001 - reported to the parent as a harness error
+                error = f"{type(exc).__name__}: {exc}"
+        else:
+            send({"kind": "case", "index": raw["index"], "error": error[:1000]})
+    try:
+        from kforge.problems import degenerate_flags
+
+        flags = degenerate_flags(load_case_problem(path, job["preset"], job.get("sizes")))
+    except Exception as exc:  # noqa: BLE001
+        flags = [f"unchecked: {type(exc).__name__}"]
+    finish({"degenerate": flags})
+
+
+def main() -> None:
+    global NONCE, RESULT_FD
+    job = json.loads(sys.stdin.buffer.read())
+    sys.stdin.close()
+    NONCE = bytes.fromhex(job.pop("nonce"))
+    RESULT_FD = int(os.environ.pop("KFORGE_RESULT_FD"))
+    os.set_inheritable(RESULT_FD, False)
+    try:
+        import torch
+    except Exception as exc:  # noqa: BLE001
+        fail("harness_error", exc)
+        return
+    if job["device"] == "cuda" and not torch.cuda.is_available():
+        fail("no_device", "CUDA is not available in the worker")
+    torch.set_num_threads(int(job.get("threads") or torch.get_num_threads()))
+    mode = job["mode"]
+    if mode == "reference":
+        run_reference(job)
+    elif mode in ("candidate", "profile"):
+        from kforge.verifier.candidate_run import run_candidate, run_profile
+
+        (run_candidate if mode == "candidate" else run_profile)(job, send, finish, fail)
+    else:
+        fail("harness_error", f"unknown worker mode {mode!r}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException as exc:  # noqa: BLE001 - anything left is reported, then we exit
+        if RESULT_FD >= 0 and NONCE:
+            try:
+                fail("crashed", exc)
+            except BaseException:  # noqa: BLE001
+                os._exit(3)
+        traceback.print_exc()
+        os._exit(3)
+    os._exit(4)  # main returned without a final frame: the parent reports a crash
