@@ -1,0 +1,183 @@
+"""The expert agent's Triton code generator: a :class:`KernelGraph` and a plan -> candidate source.
+
+One kernel per pattern, shape-generic (sizes are runtime arguments, every access masked)::
+
+    elementwise     1-D grid over the output, BLOCK elements a program, the whole chain fused
+    row_reduction   one program per row; the row in one tile when it fits (BLOCK_N >= cols),
+                    else a chunked loop (online max/sum for softmax); epilogue fused
+    gemm            BLOCK_M x BLOCK_N tiles, GROUP_M-swizzled program order, K loop of
+                    ``tl.dot`` with an fp32 accumulator, bias + epilogue on the tile, one store
+
+Plan keys (missing keys take :func:`default_plan`'s values)::
+
+    gemm            BLOCK_M BLOCK_N BLOCK_K GROUP_M num_warps num_stages precision
+    elementwise     BLOCK num_warps
+    row_reduction   BLOCK_N num_warps
+
+``precision`` is ``ieee`` | ``tf32x3`` (strict: fp32-faithful) or ``tf32`` | ``bf16`` (relaxed:
+bf16 operands, cast in the kernel, fp32 accumulation). A precision the policy does not allow
+is a :class:`PlanError`. The candidate's ``ModelNew`` registers every parameter under the
+reference's ``state_dict`` name, so ``load_state_dict(reference.state_dict())`` fits it;
+``nn.Linear``-shaped parameters are created by ``nn.Linear`` so KernelBench's seeded
+construction gives identical weights without it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kforge.agents.expert.graph import KernelGraph, UnsupportedError
+from kforge.agents.expert.triton_kernels import (
+    elementwise_source,
+    gemm_source,
+    row_reduction_source,
+)
+
+STRICT_PRECISIONS = ("tf32x3", "ieee")
+RELAXED_PRECISIONS = ("tf32", "bf16", "tf32x3", "ieee")
+
+
+class PlanError(ValueError):
+    """The plan asks for something the pattern or the precision policy does not allow."""
+
+
+def allowed_precisions(policy: str) -> tuple[str, ...]:
+    if policy == "strict":
+        return STRICT_PRECISIONS
+    if policy == "relaxed":
+        return RELAXED_PRECISIONS
+    raise PlanError(f"unknown precision policy {policy!r}: 'strict' or 'relaxed'")
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (max(n, 1) - 1).bit_length())
+
+
+def default_plan(ir: KernelGraph, policy: str) -> dict[str, Any]:
+    """Sensible first-round knobs for an H100/H200-class GPU."""
+    pattern = ir.pattern
+    if pattern.kind == "gemm":
+        relaxed = policy == "relaxed"
+        return {
+            "BLOCK_M": 128,
+            "BLOCK_N": 256 if relaxed else 128,
+            "BLOCK_K": 64 if relaxed else 32,
+            "GROUP_M": 8,
+            "num_warps": 8,
+            "num_stages": 3,
+            "precision": "bf16" if relaxed else "tf32x3",
+        }
+    if pattern.kind == "row_reduction":
+        block = min(_next_pow2(pattern.cols), 16384)
+        return {"BLOCK_N": block, "num_warps": 16 if block >= 8192 else 8 if block >= 2048 else 4}
+    return {"BLOCK": 2048, "num_warps": 8}
+
+
+def resolve_plan(ir: KernelGraph, plan: dict[str, Any], policy: str) -> dict[str, Any]:
+    """``default_plan`` overlaid with ``plan``'s known keys, checked against the policy."""
+    base = default_plan(ir, policy)
+    merged = {**base, **{k: v for k, v in plan.items() if k in base}}
+    for key, value in merged.items():
+        if key == "precision":
+            if value not in allowed_precisions(policy):
+                raise PlanError(
+                    f"precision {value!r} is not allowed under the {policy} policy "
+                    f"(allowed: {', '.join(allowed_precisions(policy))})"
+                )
+        elif not isinstance(value, int) or value <= 0:
+            raise PlanError(f"plan key {key} must be a positive integer, got {value!r}")
+        elif key != "GROUP_M" and key != "num_stages" and value & (value - 1):
+            raise PlanError(f"plan key {key} must be a power of two, got {value}")
+    return merged
+
+
+# --------------------------------------------------------------------------- ModelNew
+
+
+def _param_setup(ir: KernelGraph) -> list[str]:
+    """__init__ lines registering parameters under their state_dict names."""
+    lines: list[str] = []
+    names = [p.name for p in ir.params]
+    done: set[str] = set()
+    pattern = ir.pattern
+    # nn.Linear-shaped weight (+ bias) of a GEMM: create it as nn.Linear (seeded init matches).
+    if pattern.kind == "gemm" and pattern.b_role == "param" and pattern.b.endswith(".weight"):
+        prefix = pattern.b[: -len(".weight")]
+        bias = f"{prefix}.bias"
+        has_bias = pattern.bias == bias
+        if "." not in prefix and pattern.b_layout == "nk" and (has_bias or bias not in names):
+            lines.append(
+                f"        self.{prefix} = nn.Linear({pattern.k}, {pattern.n}, bias={has_bias})"
+            )
+            done.update({pattern.b, bias} if has_bias else {pattern.b})
+    for info in ir.params:
+        if info.name in done:
+            continue
+        lines.append(f"        _register(self, {info.name!r}, {list(info.shape)!r})")
+    return lines or ["        pass"]
+
+
+_PRELUDE = '''\
+"""Generated by the KForge expert agent (Triton): {summary}."""
+
+import os
+
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # CPU interpreter: correctness only
+
+
+def _register(module: nn.Module, name: str, shape: list) -> None:
+    """A parameter under its reference state_dict name (``a.b.weight`` -> submodules a.b)."""
+    *path, leaf = name.split(".")
+    for part in path:
+        if not hasattr(module, part):
+            module.add_module(part, nn.Module())
+        module = getattr(module, part)
+    value = torch.ones(shape) if leaf == "weight" else torch.zeros(shape)
+    module.register_parameter(leaf, nn.Parameter(value, requires_grad=False))
+
+'''
+
+
+def _model_new(ir: KernelGraph, launcher: str) -> str:
+    args = ", ".join(t.name for t in ir.inputs)
+    tensors = [t.name for t in ir.inputs]
+    lines = [
+        "",
+        "",
+        "class ModelNew(nn.Module):",
+        "    def __init__(self, *args, **kwargs):",
+        "        super().__init__()",
+        *_param_setup(ir),
+        "",
+        f"    def forward(self, {args}):",
+    ]
+    call_args = []
+    for name in [*tensors, *[p.name for p in ir.params]]:
+        call_args.append(name if name in tensors else f"self.get_parameter({name!r})")
+    lines.append(f"        return {launcher}({', '.join(call_args)})")
+    return "\n".join(lines) + "\n"
+
+
+def generate_triton(ir: KernelGraph, plan: dict[str, Any], policy: str) -> str:
+    """A complete candidate module (Triton kernel, launcher, ``ModelNew``) for ``ir``.
+
+    Raises :class:`PlanError` for a plan outside the policy and
+    :class:`~kforge.agents.expert.graph.UnsupportedError` for IR it cannot express."""
+    knobs = resolve_plan(ir, plan, policy)
+    pattern = ir.pattern
+    if pattern.kind == "gemm":
+        body, summary = gemm_source(ir, knobs)
+    elif pattern.kind == "row_reduction":
+        body, summary = row_reduction_source(ir, knobs)
+    elif pattern.kind == "elementwise":
+        body, summary = elementwise_source(ir, knobs)
+    else:  # pragma: no cover - the IR is a closed union
+        raise UnsupportedError(f"pattern {pattern.kind!r}")
+    knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
+    head = _PRELUDE.format(summary=f"{summary}; policy {policy}; {knob_text}")
+    return head + body + _model_new(ir, "launch")
