@@ -235,7 +235,8 @@ _registered: dict[str, tuple[float, float]] = {}
 _register_lock = threading.Lock()
 
 
-def _litellm() -> Any:
+def import_litellm() -> Any:
+    """litellm, imported on first use with the offline price table (never at module top)."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
 
@@ -467,7 +468,7 @@ def complete(request: LLMRequest, *, store: Store, config: AgentConfig) -> LLMRe
 
 
 def _pay(request: LLMRequest, *, store: Store, config: AgentConfig, key: str) -> dict[str, Any]:
-    litellm = _litellm()
+    litellm = import_litellm()
     _register_price(litellm, config)
     response, attempts, seconds = _call(litellm, request, config)
     raw = response.model_dump(mode="json")
