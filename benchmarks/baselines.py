@@ -197,12 +197,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--include", nargs="*", default=None, help="problem file stems")
     parser.add_argument("--reps", type=int, default=15, help="samples per variant")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch default)")
     parser.add_argument("--min-sample-ms", type=float, default=5.0)
     parser.add_argument("--out", type=Path, default=None, help="CSV file to write")
     parser.add_argument("--markdown", type=Path, default=None, help="markdown report to write")
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda requested but CUDA is not available")
     suite = Path(args.suite)
