@@ -10,13 +10,14 @@ One kernel per pattern, shape-generic (sizes are runtime arguments, every access
 
 Plan keys (missing keys take :func:`default_plan`'s values)::
 
-    gemm            BLOCK_M BLOCK_N BLOCK_K GROUP_M num_warps num_stages precision
+    gemm            BLOCK_M BLOCK_N BLOCK_K GROUP_M num_warps num_stages precision precast
     elementwise     BLOCK num_warps
     row_reduction   BLOCK_N num_warps
 
-``precision`` is ``ieee`` | ``tf32x3`` (strict: fp32-faithful) or ``tf32`` | ``bf16`` (relaxed:
-bf16 operands, cast in the kernel, fp32 accumulation). A precision the policy does not allow
-is a :class:`PlanError`. The candidate's ``ModelNew`` registers every parameter under the
+``precision`` is ``ieee`` | ``tf32x3`` (strict: fp32-faithful) or also ``tf32`` | ``bf16`` |
+``bf16x3`` (relaxed); ``precast`` converts bf16 operands once per call in a separate kernel
+(see :mod:`kforge.agents.expert.triton_gemm`). A precision the policy does not allow is a
+:class:`PlanError`. The candidate's ``ModelNew`` registers every parameter under the
 reference's ``state_dict`` name, so ``load_state_dict(reference.state_dict())`` fits it;
 ``nn.Linear``-shaped parameters are created by ``nn.Linear`` so KernelBench's seeded
 construction gives identical weights without it.
@@ -27,14 +28,11 @@ from __future__ import annotations
 from typing import Any
 
 from kforge.agents.expert.graph import KernelGraph, UnsupportedError
-from kforge.agents.expert.triton_kernels import (
-    elementwise_source,
-    gemm_source,
-    row_reduction_source,
-)
+from kforge.agents.expert.triton_gemm import gemm_source
+from kforge.agents.expert.triton_kernels import elementwise_source, row_reduction_source
 
 STRICT_PRECISIONS = ("tf32x3", "ieee")
-RELAXED_PRECISIONS = ("tf32", "bf16", "tf32x3", "ieee")
+RELAXED_PRECISIONS = ("tf32", "bf16", "bf16x3", "tf32x3", "ieee")
 
 
 class PlanError(ValueError):
@@ -66,6 +64,7 @@ def default_plan(ir: KernelGraph, policy: str) -> dict[str, Any]:
             "num_warps": 8,
             "num_stages": 3,
             "precision": "bf16" if relaxed else "tf32x3",
+            "precast": 1 if relaxed else 0,
         }
     if pattern.kind == "row_reduction":
         block = min(_next_pow2(pattern.cols), 16384)
@@ -84,6 +83,9 @@ def resolve_plan(ir: KernelGraph, plan: dict[str, Any], policy: str) -> dict[str
                     f"precision {value!r} is not allowed under the {policy} policy "
                     f"(allowed: {', '.join(allowed_precisions(policy))})"
                 )
+        elif key == "precast":
+            if value not in (0, 1, True, False):
+                raise PlanError(f"plan key precast must be 0 or 1, got {value!r}")
         elif not isinstance(value, int) or value <= 0:
             raise PlanError(f"plan key {key} must be a positive integer, got {value!r}")
         elif key != "GROUP_M" and key != "num_stages" and value & (value - 1):

@@ -13,7 +13,6 @@ from typing import Any
 
 from kforge.agents.expert.graph import (
     ElementwisePattern,
-    GemmPattern,
     KernelGraph,
     RowReductionPattern,
     UnsupportedError,
@@ -51,7 +50,7 @@ def elementwise_source(ir: KernelGraph, knobs: dict[str, Any]) -> tuple[str, str
     body = "\n".join(lines)
     need_rc = "rows_i" in body or "cols_i" in body
     kparams, kargs = _chain_ptr_args(ir, names)
-    src = f'''
+    src = f"""
 @triton.jit
 def fused_elementwise_kernel({kparams}out_ptr, numel, n_cols, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -69,7 +68,7 @@ def launch({", ".join(_launch_params(ir))}):
     grid = (triton.cdiv(numel, {knobs["BLOCK"]}),)
     fused_elementwise_kernel[grid]({kargs}out, numel, n_cols, BLOCK={knobs["BLOCK"]}, num_warps={knobs["num_warps"]})
     return out
-'''
+"""
     return src, f"fused elementwise chain of {len(pattern.ops)} ops, one pass"
 
 
@@ -171,9 +170,13 @@ def row_reduction_source(ir: KernelGraph, knobs: dict[str, Any]) -> tuple[str, s
         idx = IndexVars(flat="row", row="row // out_cols", col="row % out_cols", mask="ok")
     chain_lines, result = emit_chain(pattern.epilogue, pattern.result, idx, core="core")
     if pattern.keeps_row:
-        store = "\n".join([*chain_lines, f"    tl.store(out_ptr + row * n_cols + c, {result}, mask=m)"])
+        store = "\n".join(
+            [*chain_lines, f"    tl.store(out_ptr + row * n_cols + c, {result}, mask=m)"]
+        )
     else:
-        store = "\n".join(["    ok = row < n_rows", *chain_lines, f"    tl.store(out_ptr + row, {result})"])
+        store = "\n".join(
+            ["    ok = row < n_rows", *chain_lines, f"    tl.store(out_ptr + row, {result})"]
+        )
     if single:
         stats = _SINGLE[op].format(affine=affine)
         body = "    c = tl.arange(0, BLOCK_N)\n    m = c < n_cols\n" + stats + "\n" + store
@@ -184,9 +187,14 @@ def row_reduction_source(ir: KernelGraph, knobs: dict[str, Any]) -> tuple[str, s
         final = "tl.exp(x - mx) / total" if op == "softmax" else "x - mx - tl.log(total)"
         text = _LOOP[loop_op]
         stats = text.format(
-            final=final, affine=affine, scale=" / n_cols" if op == "mean" else "", chunk=_indent(store, 4)
+            final=final,
+            affine=affine,
+            scale=" / n_cols" if op == "mean" else "",
+            chunk=_indent(store, 4),
         )
-        body = "    cb = tl.arange(0, BLOCK_N)\n" + stats + ("" if pattern.keeps_row else "\n" + store)
+        body = (
+            "    cb = tl.arange(0, BLOCK_N)\n" + stats + ("" if pattern.keeps_row else "\n" + store)
+        )
     kparams, kargs = _chain_ptr_args(ir, names)
     wb_params = ("w_ptr, " if pattern.weight else "") + ("b_ptr, " if pattern.bias else "")
     wb_args = (f"{_arg(ir, pattern.weight)}.contiguous(), " if pattern.weight else "") + (
@@ -197,7 +205,7 @@ def row_reduction_source(ir: KernelGraph, knobs: dict[str, Any]) -> tuple[str, s
     else:
         out_shape = "x.shape[:-1] + (1,)" if pattern.keepdim else "x.shape[:-1]"
     xname = pattern.input
-    src = f'''
+    src = f"""
 @triton.jit
 def row_{op}_kernel(x_ptr, {wb_params}{kparams}out_ptr, n_rows, n_cols, out_cols, eps, BLOCK_N: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -214,97 +222,6 @@ def launch({", ".join(_launch_params(ir))}):
     row_{op}_kernel[(n_rows,)](x, {wb_args}{kargs}out, n_rows, n_cols, out_cols, {float(pattern.eps)!r},
                               BLOCK_N={block}, num_warps={knobs["num_warps"]})
     return out
-'''
+"""
     how = "one tile per row" if single else f"chunks of {block}"
     return src, f"row {pattern.op} ({how}), epilogue of {len(pattern.epilogue)} ops fused"
-
-
-# --------------------------------------------------------------------------- GEMM
-
-
-def gemm_source(ir: KernelGraph, knobs: dict[str, Any]) -> tuple[str, str]:
-    pattern = ir.pattern
-    assert isinstance(pattern, GemmPattern)
-    names = chain_tensors(pattern.epilogue, pattern.result)
-    idx = IndexVars(flat="flat", row="rm2", col="rn2", mask="out_mask")
-    chain_lines, result = emit_chain(pattern.epilogue, pattern.result, idx, core="core", indent="    ")
-    bias_param = "bias_ptr, " if pattern.bias else ""
-    bias_arg = f"{_arg(ir, pattern.bias)}.contiguous(), " if pattern.bias else ""
-    bias_line = (
-        "    core = acc + tl.load(bias_ptr + rn, mask=rn < N, other=0.0)[None, :]"
-        if pattern.bias
-        else "    core = acc"
-    )
-    kparams, kargs = _chain_ptr_args(ir, names)
-    precision = knobs["precision"]
-    if precision == "bf16":
-        # The CPU interpreter's bf16 dot is broken (Triton 3.9): there, round operands to bf16
-        # and multiply exactly in fp32, which is the same arithmetic as a bf16 tensor-core dot.
-        dot = (
-            "if INTERPRETED:\n"
-            "            acc = tl.dot(a.to(tl.bfloat16).to(tl.float32), b.to(tl.bfloat16).to(tl.float32), acc, input_precision='ieee')\n"
-            "        else:\n"
-            "            acc = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)"
-        )
-    else:
-        dot = f"acc = tl.dot(a, b, acc, input_precision={precision!r})"
-    b_strides = "b.stride(1), b.stride(0)" if pattern.b_layout == "nk" else "b.stride(0), b.stride(1)"
-    n_expr = "b.shape[0]" if pattern.b_layout == "nk" else "b.shape[1]"
-    bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
-    src = f'''
-@triton.jit
-def gemm_epilogue_kernel(a_ptr, b_ptr, {bias_param}{kparams}out_ptr, M, N, K,
-                         stride_am, stride_ak, stride_bk, stride_bn,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, INTERPRETED: tl.constexpr):
-    # GROUP_M-swizzled program order: consecutive programs share B tiles while in L2.
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    size_m = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % size_m
-    pid_n = (pid % group) // size_m
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    # Rows/columns past the edge are clamped (wrapped) for loads and masked at the store.
-    a_ptrs = a_ptr + (rm % M)[:, None] * stride_am + rk[None, :] * stride_ak
-    b_ptrs = b_ptr + rk[:, None] * stride_bk + (rn % N)[None, :] * stride_bn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:
-            a = tl.load(a_ptrs, mask=rk[None, :] < K - k0, other=0.0)
-            b = tl.load(b_ptrs, mask=rk[:, None] < K - k0, other=0.0)
-        {dot}
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
-{bias_line}
-    rm2 = rm.to(tl.int64)[:, None]
-    rn2 = rn[None, :]
-    flat = rm2 * N + rn2
-    out_mask = (rm2 < M) & (rn2 < N)
-{chr(10).join(chain_lines)}
-    tl.store(out_ptr + flat, {result}, mask=out_mask)
-
-
-def launch({", ".join(_launch_params(ir))}):
-    a2 = {pattern.a}.reshape(-1, {pattern.a}.shape[-1])
-    b = {_arg(ir, pattern.b)}
-    M, K = a2.shape
-    N = {n_expr}
-    out = torch.empty({pattern.a}.shape[:-1] + (N,), device=a2.device, dtype=torch.float32)
-    grid = (triton.cdiv(M, {bm}) * triton.cdiv(N, {bn}),)
-    gemm_epilogue_kernel[grid](a2, b, {bias_arg}{kargs}out, M, N, K,
-                               a2.stride(0), a2.stride(1), {b_strides},
-                               BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, GROUP_M={knobs["GROUP_M"]},
-                               EVEN_K=(K % {bk} == 0), INTERPRETED=_INTERPRETED, num_warps={knobs["num_warps"]},
-                               num_stages={knobs["num_stages"]})
-    return out
-'''
-    summary = f"GEMM {bm}x{bn}x{bk} ({precision}) + bias/epilogue of {len(pattern.epilogue)} ops fused"
-    return src, summary
