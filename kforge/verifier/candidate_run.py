@@ -106,8 +106,10 @@ def run_candidate(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> 
                 else:
                     out = model(*inputs)
         except Exception as exc:  # noqa: BLE001 - the candidate raised: reported per case
-            if "out of memory" in str(exc).lower() or "CUDA error" in str(exc):
-                fail("crashed", exc)
+            from kforge.verifier.worker import _is_device_error, _is_oom
+
+            if _is_oom(exc) or _is_device_error(exc):
+                fail("crashed", exc)  # remapped to oom / device_error: the process is suspect
             send({"kind": "case", "index": case.index, "error": f"{type(exc).__name__}: {exc}"[:2000]})
             continue
         report, tensors = output_report(out, inputs, device)

@@ -89,7 +89,6 @@ def build_models(problem: Any, model_new_cls: type | None, seed: int, device: st
 def warm_thread_pool() -> None:
     """Start torch's intra-op threads before any candidate code, so they are not 'its' threads."""
     import torch
-
     import torch._dynamo  # noqa: F401 - it rewraps torch.manual_seed on import: do it before snapshots
     from torch.profiler import ProfilerActivity, profile
 

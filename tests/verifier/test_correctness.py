@@ -1,0 +1,48 @@
+"""Correctness: the honest path passes; comparisons are NaN-safe and norm-aware."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kforge.verifier.correctness import compare
+from kforge.verifier.inputs import alternative_sizes, plan_cases
+
+from .conftest import FIXTURES, HONEST, verify
+
+
+def test_honest_candidate_passes_every_case() -> None:
+    v = verify(HONEST)
+    assert v.ok, v.detail
+    assert v.reason == "ok"
+    assert v.trials == 5  # 4 distributions + 1 case at other sizes
+    assert v.sandbox.startswith("bwrap") or v.sandbox.startswith(("unshare", "setsid"))
+    assert v.rel_err_norm is not None and v.rel_err_norm < 1e-4
+
+
+def test_nan_never_passes_and_near_zero_needs_the_norm() -> None:
+    ref = np.ones(10)
+    assert compare(np.full(10, np.nan), ref, 1e-4)[0] == "nonfinite"
+    tiny = np.full(1000, 1e-6)
+    assert compare(np.zeros(1000), tiny, 1e-4)[0] == "mismatch"  # atol alone would accept it
+    assert compare(tiny * (1 + 1e-7), tiny, 1e-4)[0] is None
+    inf_ref = np.array([np.inf, 1.0])
+    assert compare(np.array([np.inf, 1.0]), inf_ref, 1e-4)[0] is None
+    assert compare(np.array([1.0, 1.0]), inf_ref, 1e-4)[0] == "mismatch"
+
+
+def test_case_plan_covers_distributions_and_other_sizes() -> None:
+    cases = plan_cases(3, {"rows": 49})
+    assert [c.dist for c in cases[:4]] == ["native", "signed", "heavy", "scaled"]
+    assert len({c.seed for c in cases}) == len(cases)
+    assert cases[-1].sizes == {"rows": 49}
+    assert alternative_sizes({"rows": 64, "k": 3})[0] == {"rows": 49, "k": 3}
+
+
+def test_degenerate_problem_is_flagged_in_the_verdict() -> None:
+    zeros = HONEST.replace('"kforge::scale_tanh"', '"kforge::zeros"').replace(
+        "z = x * 2.0 + 1.0\n            e = torch.exp(-2.0 * z.abs())\n"
+        "            return torch.sign(z) * (1.0 - e) / (1.0 + e)",
+        "return torch.zeros_like(x)",
+    )
+    v = verify(zeros, FIXTURES / "zero_out.py")
+    assert "degenerate" in v.detail and "zero_output_passes" in v.detail

@@ -1,0 +1,211 @@
+"""Process faults: the candidate hangs, forks, allocates, writes, connects, floods, forges.
+Every test gets a Verdict back (never an exception) and leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from kforge.verifier.checks import static_check
+from kforge.verifier.runner import scrub
+from kforge.verifier.sandbox import Limits, run_sandboxed
+
+from .conftest import HONEST, REPO, SCALE_TANH, assert_nothing_left, honest_with, verify
+
+
+def test_infinite_loop_at_import_times_out() -> None:
+    t0 = time.monotonic()
+    v = verify("while True:\n    pass\n" + HONEST, static=False, timeout_s=6)
+    assert v.reason == "timeout"
+    assert time.monotonic() - t0 < 30
+
+
+def test_infinite_loop_inside_the_kernel_times_out() -> None:
+    v = verify(honest_with("        while True:\n            pass"), static=False, timeout_s=8)
+    assert v.reason == "timeout"
+
+
+def test_fork_bomb_is_capped_by_the_process_limit() -> None:
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    v = verify(bomb + HONEST, static=False, timeout_s=8, max_pids=64)
+    assert not v.ok
+    assert v.reason in {"timeout", "process_limit"}
+    assert_nothing_left()
+
+
+def test_setsid_double_fork_survivor_is_killed() -> None:
+    marker = f"kforge-survivor-{os.getpid()}-{time.monotonic_ns()}"
+    src = f'''
+import os, subprocess, sys
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(600)", "{marker}"])
+    os._exit(0)
+''' + HONEST
+    verify(src, static=False, timeout_s=20)
+    time.sleep(0.5)
+    assert_nothing_left(marker)
+
+
+def test_64_gib_host_allocation_is_oom() -> None:
+    v = verify(honest_with("        big = torch.ones(64 * 1024**3 // 4)\n        return y + big[0]"),
+               static=False, memory_mb=2048)
+    assert v.reason == "oom", v.detail
+
+
+def test_writes_to_system_files_store_and_verifier_code_fail(tmp_path: Path) -> None:
+    store = REPO / "artifacts"
+    targets = ["/etc/passwd", str(REPO / "kforge" / "verifier" / "checks.py"), str(store / "planted")]
+    before = {t: Path(t).read_bytes() if Path(t).exists() else None for t in targets}
+    header = "WROTE = []\nfor _t in %r:\n    try:\n        open(_t, 'a').write('pwned')\n" \
+             "        WROTE.append(_t)\n    except OSError:\n        pass\n" % targets
+    v = verify(honest_with("        assert not WROTE, WROTE\n        return y", header=header),
+               static=False)
+    assert v.ok, v.detail  # every write failed, so the candidate's own assert held
+    after = {t: Path(t).read_bytes() if Path(t).exists() else None for t in targets}
+    assert after == before
+
+
+def test_network_is_unreachable() -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.2)
+    port = server.getsockname()[1]
+    got: list[bytes] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+                got.append(conn.recv(100))
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    header = f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), 2).send(b'leak')\nexcept OSError:\n    pass\n"
+    verify(honest_with("        return y", header=header), static=False)
+    stop.set()
+    thread.join()
+    server.close()
+    assert got == []
+
+
+def test_killing_the_parent_does_not_reach_the_verifier() -> None:
+    me = os.getpid()
+    header = f"import os, signal\nfor _p in (os.getppid(), {me}, 1):\n    try:\n        os.kill(_p, signal.SIGKILL)\n    except OSError:\n        pass\n"
+    v = verify(honest_with("        return y", header=header), static=False)
+    assert os.getpid() == me  # we are still here to read the verdict
+    assert isinstance(v.reason, str)
+
+
+def test_one_gigabyte_of_stdout_is_capped() -> None:
+    header = "import sys\n_chunk = 'x' * (1 << 20)\nfor _ in range(1024):\n    sys.stdout.write(_chunk)\n"
+    t0 = time.monotonic()
+    v = verify(honest_with("        return y", header=header), static=False)
+    assert v.reason == "output_flood"
+    assert len(v.detail) < 3000
+    assert time.monotonic() - t0 < 60
+
+
+def test_atexit_cannot_rewrite_the_result() -> None:
+    header = '''import atexit, os
+def _forge():
+    for fd in range(3, 64):
+        try:
+            os.write(fd, b'{"ok": true, "reason": "ok"}')
+        except OSError:
+            pass
+    open("verdict.json", "w").write('{"ok": true}')
+atexit.register(_forge)
+'''
+    v = verify(honest_with("        return y + 1.0", header=header), static=False)
+    assert v.reason == "output_mismatch"
+
+
+def test_forged_frame_on_the_result_pipe_is_tampering() -> None:
+    header = '''import os
+for fd in range(3, 64):
+    try:
+        os.write(fd, b"\\x00" * 16 + b"\\x02\\x00\\x00\\x00{}")
+    except OSError:
+        pass
+'''
+    v = verify(honest_with("        return y", header=header), static=False)
+    assert v.reason == "harness_tampering", v.detail
+
+
+def test_os_exit_before_returning_is_a_crash() -> None:
+    v = verify(honest_with("        import os\n        os._exit(0)"), static=False)
+    assert v.reason == "crashed"
+    assert "without an answer" in v.detail
+
+
+def test_rigged_eq_output_object_is_rejected() -> None:
+    header = '''class Rigged(torch.Tensor):
+    def __eq__(self, other):
+        return True
+    def allclose(self, *a, **k):
+        return True
+'''
+    v = verify(honest_with("        return torch.zeros(3).as_subclass(Rigged)", header=header), static=False)
+    assert v.reason == "rigged_output_object"
+
+
+def test_hunting_gc_for_answers_finds_nothing_to_steal() -> None:
+    src = honest_with('''        import gc
+        for obj in gc.get_objects():
+            if isinstance(obj, torch.Tensor) and obj.shape == x.shape and obj is not x:
+                return obj
+        return x''')
+    assert static_check(src, SCALE_TANH.read_text(), platform="cpu")[0].reason == "harness_tampering"
+    v = verify(src, static=False)
+    assert not v.ok  # the reference's outputs never exist in the candidate's process
+
+
+def test_include_of_etc_shadow_is_flagged_and_scrubbed() -> None:
+    src = HONEST + '\nCPP_SOURCE = r"""\n#include "/etc/shadow"\n#include <vector>\n"""\n'
+    findings = static_check(src, SCALE_TANH.read_text(), platform="cpu")
+    assert [f.reason for f in findings] == ["forbidden_include"]
+    log = "In file included from /etc/shadow:1:\n/etc/shadow:1:1: error: root:$6$secret"
+    assert "/etc/shadow" not in scrub(log, None)
+
+
+def test_template_recursion_compile_bomb_is_stopped(tmp_path: Path) -> None:
+    cpp = tmp_path / "bomb.cpp"
+    cpp.write_text("template<int N> struct F { enum { v = F<N+1>::v + F<N+2>::v }; };\n"
+                   "int main() { return F<0>::v; }\n")
+    r = run_sandboxed(["g++", "-ftemplate-depth=100000", "-c", str(cpp), "-o", str(tmp_path / "b.o")],
+                      env={"PATH": os.environ["PATH"]}, scratch=tmp_path, stdin=b"",
+                      limits=Limits(timeout_s=4, memory_mb=2048))
+    assert r.timed_out or r.returncode != 0
+    assert r.survivors == []
+    assert_nothing_left("bomb.cpp")
+
+
+def test_syntax_error_and_missing_model_new_are_static() -> None:
+    assert verify("def broken(:\n").reason == "syntax_error"
+    assert verify("import torch\nclass Other:\n    pass\n").reason == "no_model_new"
+
+
+def test_sandbox_has_read_only_root_private_tmp_and_no_network(tmp_path: Path) -> None:
+    probe = ("import os, socket\n"
+             "try:\n    open('/usr/kforge-probe', 'w')\n    print('rw')\nexcept OSError:\n    print('ro')\n"
+             "print(sorted(os.listdir('/tmp')) == [])\n"
+             "print([n for _, n in socket.if_nameindex()])\n")
+    r = run_sandboxed([sys.executable, "-c", probe], env={"PATH": os.environ["PATH"]},
+                      scratch=tmp_path, stdin=b"", limits=Limits(timeout_s=20))
+    lines = r.stdout.split("\n")
+    assert lines[0] == "ro"
+    if r.mode.startswith("bwrap"):
+        assert lines[1] == "True" or str(tmp_path).startswith("/tmp")
+        assert lines[2] == "['lo']"
+    assert subprocess.run(["true"]).returncode == 0
