@@ -42,7 +42,12 @@ from typing import Any
 import torch
 
 CXX = os.environ.get("KFORGE_CXX", "g++")
-CXX_FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+# -fno-math-errno / -fno-trapping-math change no IEEE result; they let GCC vectorise sqrt and
+# if-convert selects (`c ? a : b`) inside `#pragma omp simd` loops. No -ffast-math.
+CXX_FLAGS: tuple[str, ...] = (
+    "-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
+    "-shared", "-fPIC", "-std=c++17",
+)
 SOURCE_CONSTANT = "CPP_SOURCE"
 _ARGTYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "f": ctypes.c_float}
 

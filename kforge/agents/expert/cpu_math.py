@@ -31,7 +31,7 @@ KF_INLINE float kf_min(float a, float b) { return a < b ? a : b; }
 
 KF_INLINE float kf_exp(float x) {
     float xc = kf_min(kf_max(x, -87.0f), 88.5f);
-    float n = std::floor(xc * 1.44269504088896341f + 0.5f);
+    float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
     float r = xc - n * 0.693145751953125f;
     r = r - n * 1.428606765330187e-06f;
     float p = 1.0f / 720.0f;

@@ -1,0 +1,85 @@
+"""``ExpertAgent``: the embedded, deterministic generation + analysis agent.
+
+generate: trace the problem to the IR, pick a plan (round 0: conservative; later rounds: the
+previous plan with the recommendation's actions applied, or a safer plan after a compile or
+verification failure), emit the candidate. analyze: :func:`analysis.recommend`. Both record a
+:class:`~kforge.schema.Transcript` with the same messages an LLM would have been sent.
+"""
+
+from __future__ import annotations
+
+import json
+
+from kforge.agents.expert.analysis import recommend
+from kforge.agents.expert.cpu_codegen import generate_cpu_candidate
+from kforge.agents.expert.graph import KernelGraph, UnsupportedError, trace_problem
+from kforge.agents.expert.plans import (
+    CpuPlan,
+    apply_actions,
+    initial_plan,
+    plan_from_dict,
+    safer_plan,
+)
+from kforge.agents.prompting import render_analysis_messages, render_generation_messages
+from kforge.config import AgentConfig
+from kforge.schema import (
+    AnalysisRequest,
+    AnalysisResult,
+    GenerationRequest,
+    GenerationResult,
+    Transcript,
+    Usage,
+)
+
+FUNCTIONAL_STAGES = ("compile", "verify", "profile")
+
+
+def next_cpu_plan(graph: KernelGraph, request: GenerationRequest) -> CpuPlan:
+    """The plan for this round, from the previous one and what happened to it."""
+    if request.round == 0 or not request.previous_plan.get("cpu"):
+        return initial_plan(graph.kind)
+    previous = plan_from_dict(request.previous_plan["cpu"])
+    failures = [f for f in request.feedback if f.stage in FUNCTIONAL_STAGES]
+    if failures:
+        return safer_plan(previous, f"{failures[0].stage}:{failures[0].reason}")
+    if request.recommendation is not None:
+        return apply_actions(previous, request.recommendation.actions)
+    return previous
+
+
+class ExpertAgent:
+    """Rule-based agent; ``config.model`` names it in transcripts (e.g. ``kforge/expert-v1``)."""
+
+    name = "expert"
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+
+    def _transcript(self, role: str, messages: list[dict[str, str]], response: str,
+                    error: str | None = None) -> Transcript:
+        return Transcript(agent=self.name, model=self.config.model, role=role,  # type: ignore[arg-type]
+                          messages=messages, response=response, usage=Usage(), error=error)
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        messages = render_generation_messages(request)
+        try:
+            graph = trace_problem(request.problem_source)
+            if request.platform != "cpu":
+                raise UnsupportedError(f"the expert has no {request.platform!r} code generator")
+            plan = next_cpu_plan(graph, request)
+            source = generate_cpu_candidate(graph, plan, request.problem_source)
+        except UnsupportedError as err:
+            reason = str(err)
+            return GenerationResult(source=None, extraction=reason, plan={},
+                                    transcript=self._transcript("generate", messages, reason, error=reason))
+        plan_data = {"platform": request.platform, "graph": graph.model_dump(mode="json"),
+                     "cpu": plan.model_dump(mode="json")}
+        return GenerationResult(source=source, extraction="ok", plan=plan_data,
+                                transcript=self._transcript("generate", messages, source))
+
+    def analyze(self, request: AnalysisRequest) -> AnalysisResult:
+        messages = render_analysis_messages(request)
+        recommendation = recommend(request)
+        response = json.dumps(recommendation.model_dump(mode="json"), sort_keys=True, indent=1)
+        return AnalysisResult(recommendation=recommendation,
+                              transcript=self._transcript("analyze", messages, response))

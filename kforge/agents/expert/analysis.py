@@ -1,0 +1,45 @@
+"""The expert's performance analysis, dispatched by platform.
+
+``recommend(request)`` reads ``request.plan`` (``{"platform", "graph", <platform>: knobs}``
+as written by :class:`~kforge.agents.expert.agent.ExpertAgent`) and the profile, and returns
+a :class:`~kforge.schema.Recommendation`. The ``cpu`` rules live in :mod:`cpu_analysis`; a
+platform ``P`` plugs in as a module ``kforge.agents.expert.P_analysis`` exposing
+``recommend(request) -> Recommendation``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from kforge.agents.expert.cpu_analysis import evidence, recommend_cpu
+from kforge.agents.expert.graph import KernelGraph
+from kforge.agents.expert.plans import plan_from_dict
+from kforge.schema import AnalysisRequest, Recommendation
+
+
+def recommend(request: AnalysisRequest) -> Recommendation:
+    profile = request.profile
+    if not profile.ok or profile.candidate is None:
+        return Recommendation(
+            bottleneck="unknown",
+            evidence=evidence(profile),
+            summary=f"no usable profile ({profile.reason}): nothing to analyse",
+        )
+    if request.platform != "cpu":
+        module_name = f"kforge.agents.expert.{request.platform}_analysis"
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name != module_name:
+                raise
+            return Recommendation(bottleneck="unknown", evidence=evidence(profile),
+                                  summary=f"the expert has no analysis rules for {request.platform!r}")
+        result: Recommendation = module.recommend(request)
+        return result
+    graph_data = request.plan.get("graph")
+    if not graph_data:
+        return Recommendation(bottleneck="unknown", evidence=evidence(profile),
+                              summary="the candidate carries no expert plan (not an expert candidate)")
+    graph = KernelGraph.model_validate(graph_data)
+    plan = plan_from_dict(request.plan.get("cpu", {}))
+    return recommend_cpu(graph, plan, profile)

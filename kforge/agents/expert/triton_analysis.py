@@ -1,0 +1,253 @@
+"""The expert's performance analysis for Triton candidates: profile -> next plan change.
+
+Reads the GPU :class:`~kforge.schema.Profile` (candidate median time, the problem's FLOPs
+and minimum bytes, kernel table, ncu metrics in ``profile.extra`` when present), places the
+candidate against the device ceilings for the precision it used, and proposes at most three
+:class:`~kforge.schema.Action` s, best first. Every action's ``params`` are plan keys of
+:func:`kforge.agents.expert.triton_codegen.generate_triton`: the next round's plan is
+``{**plan, **action.params}``. Precision changes never leave the policy.
+
+Device ceilings default to measured H200 numbers (ARCHITECTURE.md, device KINDS.md) and are
+overridden by ``profile.peak_gflops`` / ``profile.peak_gbps`` when the profiler measured them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kforge.schema import Action, AnalysisRequest, Recommendation
+
+# Dense tensor/FMA rates (GFLOP/s) per precision mode on the H200, and copy bandwidth (GB/s).
+PEAK_GFLOPS = {
+    "ieee": 60_000.0,
+    "tf32x3": 400_000.0 / 3,
+    "tf32": 400_000.0,
+    "bf16": 790_000.0,
+    "bf16x3": 790_000.0 / 3,
+}
+PEAK_GBPS = 4_300.0
+SM_COUNT = 132
+LAUNCH_BOUND_MS = 0.02
+NEAR_ROOFLINE = 0.7
+
+# ncu metric names read from profile.extra when present.
+OCCUPANCY = "sm__warps_active.avg.pct_of_peak_sustained_active"
+REGISTERS = "launch__registers_per_thread"
+SPILLS = "spilled_bytes"
+
+
+def pattern_kind(plan: dict[str, Any]) -> str:
+    """``gemm`` | ``row_reduction`` | ``elementwise`` from the plan's IR or its knobs."""
+    graph = plan.get("graph")
+    if isinstance(graph, dict):
+        kind = graph.get("pattern", {}).get("kind")
+        if isinstance(kind, str):
+            return kind
+    if "BLOCK_M" in plan:
+        return "gemm"
+    if "BLOCK_N" in plan:
+        return "row_reduction"
+    return "elementwise"
+
+
+def _gemm_shape(plan: dict[str, Any]) -> tuple[int, int, int] | None:
+    pattern = (plan.get("graph") or {}).get("pattern", {})
+    if all(k in pattern for k in ("m", "n", "k")):
+        return int(pattern["m"]), int(pattern["n"]), int(pattern["k"])
+    return None
+
+
+def _gemm_actions(
+    plan: dict[str, Any], policy: str, compute_frac: float, evidence: dict[str, float]
+) -> list[Action]:
+    actions: list[Action] = []
+    precision = str(plan.get("precision", "tf32x3"))
+    if policy == "relaxed" and precision in ("ieee", "tf32x3", "tf32"):
+        actions.append(
+            Action(
+                kind="precision",
+                params={"precision": "bf16", "precast": 1, "BLOCK_K": 64, "BLOCK_N": 256},
+                expected_gain=PEAK_GFLOPS["bf16"] / PEAK_GFLOPS[precision] * 0.6,
+                rationale="relaxed policy allows bf16 operands with fp32 accumulation: 2x the TF32 "
+                "tensor rate; if verification then fails on accuracy, use bf16x3 (hi/lo split, ~1e-5)",
+            )
+        )
+    elif policy == "strict" and precision == "ieee":
+        actions.append(
+            Action(
+                kind="precision",
+                params={"precision": "tf32x3"},
+                expected_gain=3.0,
+                rationale="ieee runs on FMA units; error-compensated TF32 keeps fp32 accuracy on tensor cores",
+            )
+        )
+    if compute_frac >= NEAR_ROOFLINE:
+        return actions
+    bm, bn = int(plan.get("BLOCK_M", 128)), int(plan.get("BLOCK_N", 128))
+    shape = _gemm_shape(plan)
+    if shape is not None:
+        m, n, _ = shape
+        tiles = math.ceil(m / bm) * math.ceil(n / bn)
+        evidence["tiles"] = float(tiles)
+        waves = tiles / SM_COUNT
+        evidence["waves"] = waves
+        if waves < 1.0 and bm * bn > 64 * 128:
+            actions.append(
+                Action(
+                    kind="tile",
+                    params={"BLOCK_N": max(64, bn // 2)},
+                    expected_gain=1.0 / max(waves, 0.25),
+                    rationale=f"{tiles} tiles for {SM_COUNT} SMs: smaller tiles fill the chip",
+                )
+            )
+            return actions
+    if bn < 256 and bm * bn < 128 * 256:
+        actions.append(
+            Action(
+                kind="tile",
+                params={"BLOCK_N": bn * 2},
+                expected_gain=1.2,
+                rationale="a wider tile raises arithmetic intensity per byte of shared memory",
+            )
+        )
+    stages = int(plan.get("num_stages", 3))
+    if stages < 4:
+        actions.append(
+            Action(
+                kind="stages",
+                params={"num_stages": stages + 1},
+                expected_gain=1.1,
+                rationale="deeper K-loop pipelining hides global-load latency",
+            )
+        )
+    occupancy = evidence.get("occupancy_pct")
+    if occupancy is not None and occupancy < 25 and int(plan.get("num_warps", 8)) > 4:
+        actions.append(
+            Action(
+                kind="warps",
+                params={"num_warps": 4},
+                expected_gain=1.1,
+                rationale=f"achieved occupancy {occupancy:.0f}%: fewer warps per program, more programs per SM",
+            )
+        )
+    return actions
+
+
+def _memory_actions(
+    kind: str, plan: dict[str, Any], bw_frac: float, evidence: dict[str, float]
+) -> list[Action]:
+    if bw_frac >= NEAR_ROOFLINE:
+        return []
+    actions: list[Action] = []
+    warps = int(plan.get("num_warps", 4))
+    if kind == "row_reduction":
+        pattern = (plan.get("graph") or {}).get("pattern", {})
+        cols = int(pattern.get("cols", 0))
+        block = int(plan.get("BLOCK_N", 1024))
+        if cols and block < cols and cols <= 32768:
+            full = 1 << (cols - 1).bit_length()
+            actions.append(
+                Action(
+                    kind="block_size",
+                    params={"BLOCK_N": full, "num_warps": min(32, max(warps, full // 512))},
+                    expected_gain=2.0,
+                    rationale="the row fits in one tile: read it once instead of once per pass",
+                )
+            )
+    else:
+        block = int(plan.get("BLOCK", 1024))
+        if block < 8192:
+            actions.append(
+                Action(
+                    kind="block_size",
+                    params={"BLOCK": block * 2},
+                    expected_gain=1.15,
+                    rationale="more bytes in flight per program",
+                )
+            )
+    if warps < 32:
+        actions.append(
+            Action(
+                kind="warps",
+                params={"num_warps": warps * 2},
+                expected_gain=1.1,
+                rationale=f"{bw_frac:.0%} of copy bandwidth: more warps keep more loads in flight",
+            )
+        )
+    return actions
+
+
+def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommendation:
+    """Recommend the next change for a profiled Triton candidate (see module docstring)."""
+    profile = request.profile
+    if not profile.ok or profile.candidate is None:
+        return Recommendation(
+            bottleneck="unknown", summary=f"no usable profile ({profile.reason}): nothing to tune"
+        )
+    kind = pattern_kind(plan)
+    ms = profile.candidate.median_ms
+    precision = str(plan.get("precision", "tf32x3")) if kind == "gemm" else "ieee"
+    peak_gflops = profile.peak_gflops or PEAK_GFLOPS.get(precision, PEAK_GFLOPS["tf32x3"])
+    if kind == "gemm" and precision != "ieee" and not profile.peak_gflops:
+        peak_gflops = PEAK_GFLOPS[precision]
+    peak_gbps = profile.peak_gbps or PEAK_GBPS
+    gflops = profile.achieved_gflops or (profile.flops / (ms * 1e6) if ms > 0 else 0.0)
+    gbps = profile.achieved_gbps or (profile.min_bytes / (ms * 1e6) if ms > 0 else 0.0)
+    compute_frac, bw_frac = gflops / peak_gflops, gbps / peak_gbps
+    evidence: dict[str, float] = {
+        "median_ms": ms,
+        "achieved_gflops": gflops,
+        "achieved_gbps": gbps,
+        "compute_fraction": compute_frac,
+        "bandwidth_fraction": bw_frac,
+        "kernels": float(len(profile.kernels)),
+    }
+    for key, name in ((OCCUPANCY, "occupancy_pct"), (REGISTERS, "registers"), (SPILLS, "spills")):
+        value = profile.extra.get(key)
+        if isinstance(value, int | float):
+            evidence[name] = float(value)
+    baseline = min((t.median_ms for t in (profile.eager, profile.compiled) if t is not None), default=0.0)
+    if baseline:
+        evidence["speedup"] = baseline / ms
+    expected_kernels = 3 if kind == "gemm" and plan.get("precast") else 1
+    if len(profile.kernels) > expected_kernels:
+        return Recommendation(
+            bottleneck="launch",
+            evidence=evidence,
+            actions=[
+                Action(
+                    kind="fuse",
+                    params={},
+                    expected_gain=float(len(profile.kernels)) / expected_kernels,
+                    rationale=f"{len(profile.kernels)} kernels where {expected_kernels} suffice",
+                )
+            ],
+            summary="more kernel launches than the pattern needs",
+        )
+    if ms < LAUNCH_BOUND_MS:
+        return Recommendation(
+            bottleneck="latency",
+            evidence=evidence,
+            summary=f"{ms * 1000:.1f} us per call: launch latency dominates, knobs will not help",
+        )
+    if kind == "gemm":
+        actions = _gemm_actions(plan, request.policy, compute_frac, evidence)
+        bottleneck = "compute" if compute_frac >= bw_frac else "memory"
+        where = f"{compute_frac:.0%} of the {precision} peak ({peak_gflops / 1000:.0f} TFLOP/s)"
+    else:
+        actions = _memory_actions(kind, plan, bw_frac, evidence)
+        bottleneck = "memory"
+        where = f"{bw_frac:.0%} of copy bandwidth ({peak_gbps:.0f} GB/s)"
+    if spills := evidence.get("spills"):
+        actions.insert(
+            0,
+            Action(
+                kind="tile",
+                params={"num_warps": min(16, int(plan.get("num_warps", 4)) * 2)},
+                expected_gain=1.3,
+                rationale=f"{spills:.0f} bytes of register spills: spread the tile over more warps",
+            ),
+        )
+    summary = f"{kind} at {where}" + ("; near the roofline" if not actions else "")
+    return Recommendation(bottleneck=bottleneck, evidence=evidence, actions=actions[:3], summary=summary)
