@@ -207,7 +207,9 @@ def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommenda
         value = profile.extra.get(key)
         if isinstance(value, int | float):
             evidence[name] = float(value)
-    baseline = min((t.median_ms for t in (profile.eager, profile.compiled) if t is not None), default=0.0)
+    baseline = min(
+        (t.median_ms for t in (profile.eager, profile.compiled) if t is not None), default=0.0
+    )
     if baseline:
         evidence["speedup"] = baseline / ms
     expected_kernels = 3 if kind == "gemm" and plan.get("precast") else 1
@@ -250,4 +252,6 @@ def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommenda
             ),
         )
     summary = f"{kind} at {where}" + ("; near the roofline" if not actions else "")
-    return Recommendation(bottleneck=bottleneck, evidence=evidence, actions=actions[:3], summary=summary)
+    return Recommendation(
+        bottleneck=bottleneck, evidence=evidence, actions=actions[:3], summary=summary
+    )
