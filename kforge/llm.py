@@ -56,6 +56,11 @@ CACHE_VERSION = 1
 BACKOFF_BASE_S = 1.0  # first retry waits about this long, doubling each time
 BACKOFF_CAP_S = 30.0  # and never longer than this, whatever a Retry-After header asks
 SLOT_POLL_S = 0.05
+# How servers litellm does not map say "too long": vLLM, llama.cpp, OpenAI's error code.
+_CONTEXT = re.compile(
+    r"context.length|context.window|context.size|maximum context|exceed_context|prompt is too long",
+    re.IGNORECASE,
+)
 LOCAL_DUMMY_KEY = "sk-kforge-local"  # OpenAI clients insist on a key; local servers ignore it
 
 
@@ -341,7 +346,9 @@ def _classify(litellm: Any, exc: BaseException, config: AgentConfig) -> LLMError
     detail = " ".join(str(exc).split())[:600]
     where = _where(config)
     kw: dict[str, Any] = {"model": config.model, "api_base": config.api_base}
-    if isinstance(exc, litellm.ContextWindowExceededError):
+    if isinstance(exc, litellm.ContextWindowExceededError) or (
+        status in (400, 413, 422) and _CONTEXT.search(f"{detail} {getattr(exc, 'code', '')}")
+    ):
         return LLMContextWindowError(
             f"{where}: the prompt exceeds the model's context window ({detail}); shorten the "
             f"problem or the feedback, raise the server's context length, or pick a larger model",
