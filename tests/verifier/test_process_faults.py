@@ -63,8 +63,8 @@ def test_writes_to_system_files_store_and_verifier_code_fail(tmp_path: Path) -> 
     store = REPO / "artifacts"
     targets = ["/etc/passwd", str(REPO / "kforge" / "verifier" / "checks.py"), str(store / "planted")]
     before = {t: Path(t).read_bytes() if Path(t).exists() else None for t in targets}
-    header = "WROTE = []\nfor _t in %r:\n    try:\n        open(_t, 'a').write('pwned')\n" \
-             "        WROTE.append(_t)\n    except OSError:\n        pass\n" % targets
+    header = f"WROTE = []\nfor _t in {targets!r}:\n    try:\n        open(_t, 'a').write('pwned')\n" \
+             "        WROTE.append(_t)\n    except OSError:\n        pass\n"
     v = verify(honest_with("        assert not WROTE, WROTE\n        return y", header=header),
                static=False)
     assert v.ok, v.detail  # every write failed, so the candidate's own assert held
