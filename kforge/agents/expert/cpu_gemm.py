@@ -27,7 +27,7 @@ from kforge.agents.expert.cpu_chain import (
 from kforge.agents.expert.graph import GemmPattern, Operand
 from kforge.agents.expert.plans import CpuPlan
 
-_MICRO = r"""
+_MICRO_TEMPLATE = r"""
 template <int MR, int NR>
 static inline void kf_micro_plain(int64_t kc, const float* __restrict a, const float* __restrict b,
                                   float* c, int64_t ldc, int64_t mr, int64_t nr, bool first) {
@@ -49,42 +49,45 @@ static inline void kf_micro_plain(int64_t kc, const float* __restrict a, const f
 
 #ifdef __AVX2__
 #include <immintrin.h>
-template <int MR, int NV>
-static inline void kf_micro_avx2(int64_t kc, const float* __restrict a, const float* __restrict b,
-                                 float* c, int64_t ldc, int64_t mr, int64_t nr, bool first) {
-    __m256 acc[MR][NV];
-    for (int i = 0; i < MR; ++i)
-        for (int v = 0; v < NV; ++v) acc[i][v] = _mm256_setzero_ps();
-    #pragma GCC unroll 4
-    for (int64_t k = 0; k < kc; ++k) {
-        __m256 bv[NV];
-        for (int v = 0; v < NV; ++v) bv[v] = _mm256_loadu_ps(b + k * (NV * 8) + v * 8);
-        for (int i = 0; i < MR; ++i) {
-            const __m256 av = _mm256_broadcast_ss(a + k * MR + i);
-            for (int v = 0; v < NV; ++v) acc[i][v] = _mm256_fmadd_ps(av, bv[v], acc[i][v]);
-        }
-    }
-    if (mr == MR && nr == NV * 8) {
-        for (int i = 0; i < MR; ++i)
-            for (int v = 0; v < NV; ++v) {
-                float* p = c + i * ldc + v * 8;
-                __m256 r = first ? acc[i][v] : _mm256_add_ps(_mm256_loadu_ps(p), acc[i][v]);
-                _mm256_storeu_ps(p, r);
-            }
-        return;
-    }
-    alignas(32) float tmp[MR][NV * 8];
-    for (int i = 0; i < MR; ++i)
-        for (int v = 0; v < NV; ++v) _mm256_store_ps(&tmp[i][v * 8], acc[i][v]);
-    for (int64_t i = 0; i < mr; ++i)
-        for (int64_t j = 0; j < nr; ++j)
-            c[i * ldc + j] = first ? tmp[i][j] : c[i * ldc + j] + tmp[i][j];
-}
-#define KF_MICRO(MR, NR) kf_micro_avx2<MR, NR / 8>
+{avx2_micro}
+#define KF_MICRO(MR, NR) kf_micro_avx2
 #else
 #define KF_MICRO(MR, NR) kf_micro_plain<MR, NR>
 #endif
 """
+
+
+def avx2_micro(mr: int, nr: int) -> str:
+    """An MR x NR intrinsics micro-kernel with one named ymm accumulator per (row, 8 columns):
+    named scalars (not arrays) so GCC keeps all of them in registers across the K loop."""
+    nv = nr // 8
+    accs = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
+    lines = [
+        "static inline void kf_micro_avx2(int64_t kc, const float* __restrict a, const float* __restrict b,",
+        "                                 float* c, int64_t ldc, int64_t mr, int64_t nr, bool first) {",
+    ]
+    lines += [f"    __m256 {acc} = _mm256_setzero_ps();" for row in accs for acc in row]
+    lines.append("    for (int64_t k = 0; k < kc; ++k) {")
+    lines += [f"        const __m256 b{v} = _mm256_loadu_ps(b + k * {nr} + {v * 8});" for v in range(nv)]
+    for i in range(mr):
+        lines.append(f"        {{ const __m256 av = _mm256_broadcast_ss(a + k * {mr} + {i});")
+        lines += [f"          {accs[i][v]} = _mm256_fmadd_ps(av, b{v}, {accs[i][v]});" for v in range(nv)]
+        lines.append("        }")
+    lines.append("    }")
+    lines.append(f"    if (mr == {mr} && nr == {nr}) {{")
+    for i in range(mr):
+        for v in range(nv):
+            ptr = f"c + {i} * ldc + {v * 8}"
+            lines.append(f"        _mm256_storeu_ps({ptr}, first ? {accs[i][v]} : "
+                         f"_mm256_add_ps(_mm256_loadu_ps({ptr}), {accs[i][v]}));")
+    lines.append("        return;\n    }")
+    lines.append(f"    alignas(32) float tmp[{mr}][{nr}];")
+    lines += [f"    _mm256_store_ps(&tmp[{i}][{v * 8}], {accs[i][v]});" for i in range(mr) for v in range(nv)]
+    lines.append("    for (int64_t i = 0; i < mr; ++i)")
+    lines.append("        for (int64_t j = 0; j < nr; ++j)")
+    lines.append("            c[i * ldc + j] = first ? tmp[i][j] : c[i * ldc + j] + tmp[i][j];")
+    lines.append("}")
+    return "\n".join(lines)
 
 
 def _tile_epilogue(pat: GemmPattern, plan: CpuPlan, tensors: list[TensorArg]) -> str:
@@ -174,7 +177,8 @@ def gemm_kernel(pat: GemmPattern, plan: CpuPlan) -> tuple[str, list[TensorArg]]:
     }}
   }}
 """
-    return _MICRO + head + sig + " {\n" + zero_k + body + "}\n", tensors
+    micro_src = _MICRO_TEMPLATE.replace("{avx2_micro}", avx2_micro(plan.mr, plan.nr))
+    return micro_src + head + sig + " {\n" + zero_k + body + "}\n", tensors
 
 
 def _naive_body(pat: GemmPattern, plan: CpuPlan, nt: str, ep_args: str) -> str:
