@@ -1,0 +1,95 @@
+"""CPU-side checks of the cuda platform: describe, the candidate convention, nvcc compile
+feedback (a good and a broken candidate), digest-named extensions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kforge.platforms import get_platform
+from kforge.platforms.base import load_example
+from kforge.platforms.cuda import CudaSourceError, extract_constants, find_nvcc
+from kforge.platforms.cuda_runtime import BUILD_ROOT_ENV, extension_name
+
+torch = pytest.importorskip("torch")
+CPU_ONLY = not torch.cuda.is_available()
+needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc not installed")
+
+
+@pytest.mark.skipif(not CPU_ONLY, reason="describes the CPU-only host")
+def test_describe_without_device() -> None:
+    info = get_platform("cuda").describe()
+    assert not info.runnable
+    assert info.reason.startswith("no CUDA device")
+    assert info.can_build == (find_nvcc() is not None)
+
+
+def test_worker_env_points_at_build_folder(tmp_path: Path) -> None:
+    env = get_platform("cuda").worker_env(tmp_path)
+    assert env == {BUILD_ROOT_ENV: str(tmp_path / "cuda_ext")}
+
+
+def test_extract_constants_of_refs_solution() -> None:
+    consts = extract_constants(load_example("cuda").solution_source)
+    assert "__global__" in str(consts["CUDA_SOURCE"])
+    assert consts["FUNCTIONS"] == ["l2_normalize_rows"]
+
+
+@pytest.mark.parametrize(
+    "source,message",
+    [
+        ("CUDA_SOURCE = 'x'\nCPP_SOURCE = 'y'\nFUNCTIONS = ['f']\n", "ModelNew"),
+        ("class ModelNew: pass\nCUDA_SOURCE = 'x'\n", "missing module-level constants"),
+        (
+            "class ModelNew: pass\nCUDA_SOURCE = f()\nCPP_SOURCE = 'y'\nFUNCTIONS = ['f']\n",
+            "literal",
+        ),
+        (
+            "class ModelNew: pass\nCUDA_SOURCE = ''\nCPP_SOURCE = 'y'\nFUNCTIONS = ['f']\n",
+            "non-empty",
+        ),
+        (
+            "class ModelNew: pass\nCUDA_SOURCE = 'x'\nCPP_SOURCE = 'y'\nFUNCTIONS = []\n",
+            "FUNCTIONS",
+        ),
+    ],
+)
+def test_convention_violations_are_named(source: str, message: str) -> None:
+    with pytest.raises(CudaSourceError, match=message):
+        extract_constants(source)
+
+
+def test_extension_names_follow_the_source() -> None:
+    args = ("__global__ void k() {}", "void f();", ["f"], ["-O3"], "9.0")
+    assert extension_name(*args) == extension_name(*args)
+    assert extension_name(*args).startswith("kf_cuda_")
+    assert extension_name("__global__ void k2() {}", *args[1:]) != extension_name(*args)
+    assert extension_name(*args[:3], ["-O2"], "9.0") != extension_name(*args)
+
+
+@needs_nvcc
+@pytest.mark.skipif(not CPU_ONLY, reason="on a GPU host build runs load_inline (see GPU tests)")
+def test_refs_solution_compiles_with_nvcc(tmp_path: Path) -> None:
+    result = get_platform("cuda").build(load_example("cuda").solution_source, tmp_path)
+    assert result.ok, result.log
+    assert "nvcc -arch=sm_90" in result.log and "registers" in result.log  # ptxas report
+    assert Path(result.artifact or "").is_file()
+    assert result.tool_versions["nvcc"].startswith("1")
+
+
+@needs_nvcc
+@pytest.mark.skipif(not CPU_ONLY, reason="on a GPU host build runs load_inline (see GPU tests)")
+def test_broken_solution_yields_nvcc_error(tmp_path: Path) -> None:
+    source = load_example("cuda").solution_source.replace(
+        "acc += v * v;", "acc += v * not_declared;"
+    )
+    result = get_platform("cuda").build(source, tmp_path)
+    assert not result.ok
+    assert 'identifier "not_declared" is undefined' in result.log
+    assert str(tmp_path) not in result.log  # build paths are scrubbed
+
+
+def test_syntax_error_is_reported_without_compiling(tmp_path: Path) -> None:
+    result = get_platform("cuda").build("class ModelNew(:\n", tmp_path)
+    assert not result.ok and result.log.startswith("SyntaxError")
