@@ -9,6 +9,7 @@ verification failure), emit the candidate. analyze: :func:`analysis.recommend`. 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from kforge.agents.expert.analysis import recommend
 from kforge.agents.expert.cpu_codegen import generate_cpu_candidate
@@ -47,6 +48,27 @@ def next_cpu_plan(graph: KernelGraph, request: GenerationRequest) -> CpuPlan:
     return previous
 
 
+def triton_candidate(graph: KernelGraph, request: GenerationRequest) -> tuple[dict[str, Any], str]:
+    """Knobs and source for the ``triton`` platform (generator: ``triton_codegen``): round 0
+    its default plan; later the previous knobs updated by the actions' params; the default
+    again after a functional failure or a plan the policy rejects."""
+    from kforge.agents.expert import triton_codegen as tc
+
+    default = tc.default_plan(graph, request.policy)
+    knobs = dict(default)
+    failed = any(f.stage in FUNCTIONAL_STAGES for f in request.feedback)
+    if request.round > 0 and not failed:
+        knobs.update({k: v for k, v in request.previous_plan.items() if k in default})
+        if request.recommendation is not None:
+            for action in request.recommendation.actions:
+                knobs.update({k: v for k, v in action.params.items() if k in default})
+    try:
+        knobs = tc.resolve_plan(graph, knobs, request.policy)
+    except tc.PlanError:
+        knobs = default
+    return knobs, tc.generate_triton(graph, knobs, request.policy, request.problem_source)
+
+
 class ExpertAgent:
     """Rule-based agent; ``config.model`` names it in transcripts (e.g. ``kforge/expert-v1``)."""
 
@@ -64,6 +86,12 @@ class ExpertAgent:
         messages = render_generation_messages(request)
         try:
             graph = trace_problem(request.problem_source)
+            if request.platform == "triton":
+                knobs, source = triton_candidate(graph, request)
+                plan_data: dict[str, Any] = {"platform": "triton",
+                                             "graph": graph.model_dump(mode="json"), **knobs}
+                return GenerationResult(source=source, extraction="ok", plan=plan_data,
+                                        transcript=self._transcript("generate", messages, source))
             if request.platform != "cpu":
                 raise UnsupportedError(f"the expert has no {request.platform!r} code generator")
             plan = next_cpu_plan(graph, request)

@@ -4,7 +4,7 @@
 as written by :class:`~kforge.agents.expert.agent.ExpertAgent`) and the profile, and returns
 a :class:`~kforge.schema.Recommendation`. The ``cpu`` rules live in :mod:`cpu_analysis`; a
 platform ``P`` plugs in as a module ``kforge.agents.expert.P_analysis`` exposing
-``recommend(request) -> Recommendation``.
+``recommend(request) -> Recommendation`` or ``analyze_P(request, plan) -> Recommendation``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,10 @@ def recommend(request: AnalysisRequest) -> Recommendation:
                 raise
             return Recommendation(bottleneck="unknown", evidence=evidence(profile),
                                   summary=f"the expert has no analysis rules for {request.platform!r}")
-        result: Recommendation = module.recommend(request)
+        if hasattr(module, "recommend"):
+            result: Recommendation = module.recommend(request)
+        else:  # e.g. triton_analysis.analyze_triton(request, plan)
+            result = getattr(module, f"analyze_{request.platform}")(request, request.plan)
         return result
     graph_data = request.plan.get("graph")
     if not graph_data:
