@@ -238,8 +238,11 @@ def run_problem(
     )
     with torch.device("meta"):
         ir = lower_module(problem.Model(*problem.get_init_inputs()), problem.get_inputs())
+    # KernelBench order: seed, construct. ModelNew.__init__ is the reference's own (the
+    # expert copies it), so the same seed gives the same parameters; built on the device.
     torch.manual_seed(0)
-    ref_model = problem.Model(*problem.get_init_inputs()).to(dev).eval()
+    with torch.device(dev):
+        ref_model = problem.Model(*problem.get_init_inputs()).eval()
     compiled = ref_model if smoke else torch.compile(ref_model)
     cases = []
     for seed in (1, 2):
@@ -255,11 +258,11 @@ def run_problem(
         for i, plan in enumerate(PLANS[policy][:max_plans]):
             label = f"{policy}|{plan_label(plan)}"
             try:
-                mod = import_source(
-                    generate_triton(ir, plan, policy), folder, f"{name}_{policy}_{i}"
-                )
-                model = mod.ModelNew(*problem.get_init_inputs()).to(dev)
-                model.load_state_dict(ref_model.state_dict())
+                source = generate_triton(ir, plan, policy, problem.source)
+                mod = import_source(source, folder, f"{name}_{policy}_{i}")
+                torch.manual_seed(0)
+                with torch.device(dev):
+                    model = mod.ModelNew(*problem.get_init_inputs())
                 t0 = time.perf_counter()
                 results = []
                 with torch.no_grad():

@@ -19,12 +19,17 @@ Plan keys (missing keys take :func:`default_plan`'s values)::
 (see :mod:`kforge.agents.expert.triton_gemm`). A precision the policy does not allow is a
 :class:`PlanError`. The candidate's ``ModelNew`` registers every parameter under the
 reference's ``state_dict`` name, so ``load_state_dict(reference.state_dict())`` fits it;
-``nn.Linear``-shaped parameters are created by ``nn.Linear`` so KernelBench's seeded
-construction gives identical weights without it.
+When the problem source is given, ``ModelNew.__init__`` *is* the reference's ``__init__``
+(the expert's convention, shared with the cpu generator), so KernelBench's seeded
+construction gives identical parameters; ``forward`` only launches the generated kernels.
+Without it, parameters are registered under the reference's ``state_dict`` names (so
+``load_state_dict(reference.state_dict())`` fits) and ``nn.Linear``-shaped ones are created by
+``nn.Linear`` so that seeded construction matches for linear layers too.
 """
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from kforge.agents.expert.graph import KernelGraph, UnsupportedError
@@ -132,6 +137,12 @@ import triton.language as tl
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # CPU interpreter: correctness only
 
 
+def _state(module: nn.Module, name: str) -> torch.Tensor:
+    """A parameter, buffer or tensor attribute by its dotted state_dict name."""
+    owner, _, leaf = name.rpartition(".")
+    return getattr(module.get_submodule(owner) if owner else module, leaf)
+
+
 def _register(module: nn.Module, name: str, shape: list) -> None:
     """A parameter under its reference state_dict name (``a.b.weight`` -> submodules a.b)."""
     *path, leaf = name.split(".")
@@ -145,27 +156,46 @@ def _register(module: nn.Module, name: str, shape: list) -> None:
 '''
 
 
-def _model_new(ir: KernelGraph, launcher: str) -> str:
+def _model_new(ir: KernelGraph, launcher: str, problem_source: str | None) -> tuple[list[str], str]:
+    """(extra import lines, the ModelNew class source)."""
     args = ", ".join(t.name for t in ir.inputs)
     tensors = [t.name for t in ir.inputs]
+    imports: list[str] = []
+    if problem_source is not None:
+        from kforge.agents.expert.cpu_codegen import reference_init
+
+        imports, init = reference_init(problem_source)
+        init_lines = textwrap.indent(init.rstrip(), "    ").split("\n")
+    else:
+        init_lines = [
+            "    def __init__(self, *args, **kwargs):",
+            "        super().__init__()",
+            *_param_setup(ir),
+        ]
     lines = [
         "",
         "",
         "class ModelNew(nn.Module):",
-        "    def __init__(self, *args, **kwargs):",
-        "        super().__init__()",
-        *_param_setup(ir),
+        *init_lines,
         "",
         f"    def forward(self, {args}):",
     ]
     call_args = []
     for name in [*tensors, *[p.name for p in ir.params]]:
-        call_args.append(name if name in tensors else f"self.get_parameter({name!r})")
+        call_args.append(name if name in tensors else f"_state(self, {name!r})")
     lines.append(f"        return {launcher}({', '.join(call_args)})")
-    return "\n".join(lines) + "\n"
+    known = {
+        "import torch",
+        "import torch.nn as nn",
+        "import triton",
+        "import triton.language as tl",
+    }
+    return [i for i in imports if i not in known], "\n".join(lines) + "\n"
 
 
-def generate_triton(ir: KernelGraph, plan: dict[str, Any], policy: str) -> str:
+def generate_triton(
+    ir: KernelGraph, plan: dict[str, Any], policy: str, problem_source: str | None = None
+) -> str:
     """A complete candidate module (Triton kernel, launcher, ``ModelNew``) for ``ir``.
 
     Raises :class:`PlanError` for a plan outside the policy and
@@ -182,4 +212,6 @@ def generate_triton(ir: KernelGraph, plan: dict[str, Any], policy: str) -> str:
         raise UnsupportedError(f"pattern {pattern.kind!r}")
     knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     head = _PRELUDE.format(summary=f"{summary}; policy {policy}; {knob_text}")
-    return head + body + _model_new(ir, "launch")
+    imports, model_new = _model_new(ir, "launch", problem_source)
+    extra = "".join(f"{line}\n" for line in imports)
+    return head + extra + body + model_new
