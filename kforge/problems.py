@@ -381,6 +381,7 @@ def problem_meta(problem: LoadedProblem, *, check_degenerate: bool = True) -> Pr
         path=str(problem.path) if problem.path is not None else "",
         source_digest=problem.source_digest,
         preset=problem.preset,
+        sizes=problem.sizes(),
         category=problem.category,
     )
     errors: list[str] = []

@@ -45,6 +45,7 @@ class ProblemMeta(Record):
     path: str
     source_digest: str
     preset: str
+    sizes: dict[str, int] = Field(default_factory=dict)  # effective size constants
     category: str = "unknown"
     flops: float = 0.0
     min_bytes: float = 0.0

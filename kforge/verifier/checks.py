@@ -110,11 +110,14 @@ class _Scan(ast.NodeVisitor):
         self.in_jit = 0
         self.findings: list[Finding] = []
         self.tl_dots: list[ast.Call] = []
+        self.functions: list[str] = []
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
         jit = _is_jit(node)
         self.in_jit += jit
+        self.functions.append(node.name)
         self.generic_visit(node)
+        self.functions.pop()
         self.in_jit -= jit
 
     visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
@@ -126,7 +129,10 @@ class _Scan(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         name = _dotted(node.func)
-        if name and not self.in_jit:
+        # Building a layer in __init__ (nn.Linear(...)) only holds parameters under the
+        # reference's state_dict names; calling it in forward is what counts.
+        constructs_layer = self.functions[-1:] == ["__init__"] and name[-1:] != [] and name[-1][:1].isupper()
+        if name and not self.in_jit and not constructs_layer:
             if name[0] in TORCH_ROOTS and len(name) > 1:
                 self.torch_calls.append((name[-1], node.lineno))
             elif len(name) == 1 and name[0] in FORBIDDEN_CALLS:

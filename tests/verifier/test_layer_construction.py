@@ -1,0 +1,35 @@
+"""Holding parameters in a reference layer is allowed; calling that layer is not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kforge.verifier.checks import static_check
+from kforge.verifier.reasons import Reason
+
+PROBLEM = (Path(__file__).resolve().parents[2] / "problems" / "starter" / "gemm_bias_relu.py").read_text()
+HOLDS = '''import torch, torch.nn as nn
+class ModelNew(nn.Module):
+    def __init__(self, a, b):
+        super().__init__()
+        self.linear = nn.Linear(a, b)
+    def forward(self, x):
+        return my_gemm_relu(x, self.linear.weight, self.linear.bias)
+'''
+
+
+def test_layer_built_in_init_only_to_hold_parameters_passes() -> None:
+    assert static_check(HOLDS, PROBLEM, platform="cpu") == []
+
+
+def test_calling_the_layer_in_forward_is_rejected() -> None:
+    calls = HOLDS.replace("my_gemm_relu(x, self.linear.weight, self.linear.bias)", "torch.relu(self.linear(x))")
+    reasons = {f.reason for f in static_check(calls, PROBLEM, platform="cpu")}
+    assert Reason.CALLS_REFERENCE_OP in reasons
+
+
+def test_constructing_a_layer_inside_forward_is_rejected() -> None:
+    builds = HOLDS.replace("my_gemm_relu(x, self.linear.weight, self.linear.bias)",
+                           "nn.Linear(4, 4)(x)")
+    reasons = {f.reason for f in static_check(builds, PROBLEM, platform="cpu")}
+    assert Reason.CALLS_REFERENCE_OP in reasons
