@@ -84,14 +84,14 @@ def check_generated(
     )
     with torch.device("meta"):
         ir = lower_module(problem.Model(*problem.get_init_inputs()), problem.get_inputs())
-    source = generate_triton(ir, plan, policy)
+    source = generate_triton(ir, plan, policy, problem.source)
     folder = Path(tempfile.mkdtemp())
     (folder / "cand.py").write_text(source)
     module = load_file(folder / "cand.py", f"kf_gen_{name}")
     torch.manual_seed(0)
     ref = problem.Model(*problem.get_init_inputs())
+    torch.manual_seed(0)  # KernelBench order: the copied __init__ gives the same parameters
     new = module.ModelNew(*problem.get_init_inputs())
-    new.load_state_dict(ref.state_dict())
     torch.manual_seed(1)
     result = compare(ref, new, problem.get_inputs(), TOL[policy])
     result["kernels"] = source.count("@triton.jit")
