@@ -413,6 +413,8 @@ def main() -> None:
                 name, args.policies.split(","), args.rounds, Path(tmp), args.smoke, args.max_plans
             )
             print(f"[{name}] done in {time.perf_counter() - t0:.0f} s", flush=True)
+            if args.out:  # after every problem: a killed run still leaves its table
+                args.out.write_text(render(rows, header))
     text = render(rows, header)
     print(text)
     if args.out:
