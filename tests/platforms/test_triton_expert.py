@@ -147,3 +147,14 @@ def test_analysis_row_reduction_prefers_single_tile() -> None:
     assert pattern_kind(plan) == "row_reduction"
     rec = analyze_triton(_request("strict", 5.0), plan)
     assert rec.bottleneck == "memory" and rec.actions[0].params["BLOCK_N"] == 16384
+
+
+def test_safer_plan_after_failures() -> None:
+    from kforge.agents.expert.triton_codegen import safer_plan
+
+    ir = trace("matmul_sigmoid_scale")
+    after_mismatch = safer_plan(ir, {"precision": "bf16"}, "relaxed", "mismatch: max abs 0.15")
+    assert after_mismatch["precision"] == "bf16x3"
+    after_smem = safer_plan(ir, {"num_stages": 4}, "strict", "triton OutOfResources: shared memory")
+    assert after_smem["num_stages"] == 3 and after_smem["precision"] == "tf32x3"
+    assert safer_plan(ir, {"BLOCK_M": 16}, "strict", "timeout") == default_plan(ir, "strict")

@@ -215,3 +215,23 @@ def generate_triton(
     imports, model_new = _model_new(ir, "launch", problem_source)
     extra = "".join(f"{line}\n" for line in imports)
     return head + extra + body + model_new
+
+
+def safer_plan(ir: KernelGraph, plan: dict[str, Any], policy: str, reason: str) -> dict[str, Any]:
+    """The plan for a repair round after ``reason`` (a verify/compile failure reason or log).
+
+    Accuracy failures of lossy GEMM modes move to the hi/lo split (``bf16x3``, ~1e-5); shared
+    memory or resource failures shrink the pipeline, then the tile; anything else returns to
+    the defaults with the policy's most accurate fast mode."""
+    knobs = resolve_plan(ir, plan, policy)
+    text = reason.lower()
+    if ir.pattern.kind == "gemm":
+        if any(w in text for w in ("mismatch", "allclose", "tolerance", "rel")) and knobs[
+            "precision"
+        ] in ("tf32", "bf16"):
+            return {**knobs, "precision": "bf16x3", "precast": 1, "BLOCK_N": 128, "BLOCK_K": 64}
+        if any(w in text for w in ("outofresources", "out of resource", "shared memory")):
+            if knobs["num_stages"] > 2:
+                return {**knobs, "num_stages": knobs["num_stages"] - 1}
+            return {**knobs, "BLOCK_N": max(32, knobs["BLOCK_N"] // 2)}
+    return default_plan(ir, policy)
