@@ -37,9 +37,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch loads only in processes that run candidates, not in build jobs
+    import torch
 
 CXX = os.environ.get("KFORGE_CXX", "g++")
 # -fno-math-errno / -fno-trapping-math change no IEEE result; they let GCC vectorise sqrt and
@@ -162,6 +163,8 @@ def entry(lib: ctypes.CDLL, name: str, signature: str) -> Callable[..., Any]:
 
 def launch(fn: Callable[..., Any], name: str, *args: Any) -> None:
     """Call a kernel, labelled ``kforge::<name>`` in the profiler while one is recording."""
+    import torch
+
     if torch.autograd.profiler._is_profiler_enabled:
         with torch.profiler.record_function(f"kforge::{name}"):
             fn(*args)
@@ -171,11 +174,15 @@ def launch(fn: Callable[..., Any], name: str, *args: Any) -> None:
 
 def threads() -> int:
     """Threads a kernel should use: torch's setting, so candidates and baselines match."""
+    import torch
+
     return torch.get_num_threads()
 
 
 def as_input(t: torch.Tensor) -> torch.Tensor:
     """A contiguous fp32 view (or copy) of ``t``, as the kernels expect."""
+    import torch
+
     if t.dtype != torch.float32:
         raise TypeError(f"CPU kernels take float32 tensors, got {t.dtype}")
     return t if t.is_contiguous() else t.contiguous()
