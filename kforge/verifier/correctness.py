@@ -43,8 +43,16 @@ def arrays(frame: Frame) -> list[np.ndarray]:
     return out
 
 
-def compare(c: np.ndarray, r: np.ndarray, tol: float) -> tuple[str | None, float, float]:
-    """(failure kind or None, max abs error, relative error norm); NaN never passes."""
+def compare(c: np.ndarray, r: np.ndarray, tol: float, dist: str = "native") -> tuple[str | None, float, float]:
+    """(failure kind or None, max abs error, relative error norm); NaN never passes.
+
+    On the problem's own inputs (``native``, and the other-sizes case) every element must be
+    within ``atol + rtol |r|``, as KernelBench asks. On the stress distributions (signed,
+    heavy-tailed, scaled) a correct fp32 kernel that merely sums in another order can miss
+    that bound where terms cancel, so there the absolute part scales with the output's RMS:
+    ``|c - r| <= tol (|r| + rms(r))``. Both need a relative error norm within ``tol``, so a
+    wrong answer fails either way.
+    """
     r_fin = np.isfinite(r)
     if not np.all(np.isfinite(c)[r_fin]):
         return "nonfinite", float("nan"), float("nan")
@@ -52,7 +60,10 @@ def compare(c: np.ndarray, r: np.ndarray, tol: float) -> tuple[str | None, float
         return "mismatch", float("nan"), float("nan")
     diff = np.abs(c[r_fin] - r[r_fin])
     max_abs = float(diff.max()) if diff.size else 0.0
-    ok = np.all(diff <= tol + tol * np.abs(r[r_fin]))  # NaN in diff -> comparison False
+    scale = 1.0
+    if dist not in ("native", "") and diff.size:
+        scale = max(1.0, float(np.sqrt(np.mean(np.square(r[r_fin])))))
+    ok = np.all(diff <= tol * scale + tol * np.abs(r[r_fin]))  # NaN in diff -> comparison False
     ref_norm = float(np.linalg.norm(r[r_fin]))
     err_norm = float(np.linalg.norm(diff))
     rel = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
@@ -104,7 +115,7 @@ def judge(
             if cm["dtype"] != rm["dtype"]:
                 return Judgement(Reason.DTYPE_MISMATCH, f"output {k}: {cm['dtype']}, expected {rm['dtype']}")
         for k, (c, r) in enumerate(zip(c_out, r_out, strict=True)):
-            kind, max_abs, rel = compare(c, r, tol)
+            kind, max_abs, rel = compare(c, r, tol, "native" if is_shape else str(r_frame.header.get("dist", "native")))
             if kind is None:
                 worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, rel)
                 continue
