@@ -158,3 +158,15 @@ def test_safer_plan_after_failures() -> None:
     after_smem = safer_plan(ir, {"num_stages": 4}, "strict", "triton OutOfResources: shared memory")
     assert after_smem["num_stages"] == 3 and after_smem["precision"] == "tf32x3"
     assert safer_plan(ir, {"BLOCK_M": 16}, "strict", "timeout") == default_plan(ir, "strict")
+
+
+def test_gemm_pipeline_is_fitted_to_shared_memory() -> None:
+    from kforge.agents.expert.triton_codegen import SMEM_LIMIT, gemm_smem_bytes
+
+    ir = trace("matmul_sigmoid_scale")
+    plan = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 3}
+    asked = {**default_plan(ir, "relaxed"), **plan, "precision": "bf16x3", "precast": 1}
+    assert gemm_smem_bytes(asked) == 294912  # what Triton 3.6 reported on the H200
+    knobs = resolve_plan(ir, {**plan, "precision": "bf16x3", "precast": 1}, "relaxed")
+    assert gemm_smem_bytes(knobs) <= SMEM_LIMIT and knobs["num_stages"] == 2
+    assert resolve_plan(ir, {}, "strict")["num_stages"] == default_plan(ir, "strict")["num_stages"]

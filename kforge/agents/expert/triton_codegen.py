@@ -38,6 +38,7 @@ from kforge.agents.expert.triton_kernels import elementwise_source, row_reductio
 
 STRICT_PRECISIONS = ("tf32x3", "ieee")
 RELAXED_PRECISIONS = ("tf32", "bf16", "bf16x3", "tf32x3", "ieee")
+SMEM_LIMIT = 232448  # bytes of shared memory a Triton program may use on the H100/H200
 
 
 class PlanError(ValueError):
@@ -95,7 +96,33 @@ def resolve_plan(ir: KernelGraph, plan: dict[str, Any], policy: str) -> dict[str
             raise PlanError(f"plan key {key} must be a positive integer, got {value!r}")
         elif key != "GROUP_M" and key != "num_stages" and value & (value - 1):
             raise PlanError(f"plan key {key} must be a power of two, got {value}")
+    if ir.pattern.kind == "gemm":
+        merged = fit_shared_memory(merged)
     return merged
+
+
+def gemm_smem_bytes(knobs: dict[str, Any]) -> int:
+    """Shared memory the K-loop pipeline needs: stages x (A tile + B tile) x operand copies.
+    (Matches Triton 3.6's report on the H200, e.g. 128x256x64 bf16x3 precast, 3 stages:
+    294912 bytes.)"""
+    precast = bool(knobs.get("precast")) and knobs["precision"] in ("bf16", "bf16x3")
+    elt = 2 if precast else 4
+    copies = 2 if precast and knobs["precision"] == "bf16x3" else 1
+    per_stage = (knobs["BLOCK_M"] + knobs["BLOCK_N"]) * knobs["BLOCK_K"] * elt * copies
+    return int(knobs["num_stages"]) * per_stage
+
+
+def fit_shared_memory(knobs: dict[str, Any], limit: int = SMEM_LIMIT) -> dict[str, Any]:
+    """Fewer stages (down to 2), then a shorter BLOCK_K, until the pipeline fits ``limit``."""
+    fitted = dict(knobs)
+    while gemm_smem_bytes(fitted) > limit:
+        if fitted["num_stages"] > 2:
+            fitted["num_stages"] -= 1
+        elif fitted["BLOCK_K"] > 16:
+            fitted["BLOCK_K"] //= 2
+        else:
+            raise PlanError(f"GEMM tiles {knobs} cannot fit {limit} bytes of shared memory")
+    return fitted
 
 
 # --------------------------------------------------------------------------- ModelNew
