@@ -2,8 +2,9 @@
 
 ``ScriptedServer`` listens on a free port and answers ``POST /v1/chat/completions`` with the
 scripted replies in order (one reply per request, retries included), recording every request
-it receives. When the script runs out it answers 500 with a message saying so, so a test that
-makes more calls than it scripted fails loudly rather than hanging.
+it receives. When the script runs out, an optional responder answers from the request itself;
+without one the server answers 500 saying so, so a test that makes more calls than it scripted
+fails loudly rather than hanging.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -63,8 +65,15 @@ def fail(status: int, message: str, code: str | None = None, **kw: Any) -> Reply
 class ScriptedServer:
     """Context manager: ``with ScriptedServer([ok("...")]) as srv: srv.api_base``."""
 
-    def __init__(self, replies: list[Reply] | None = None) -> None:
+    def __init__(
+        self,
+        replies: list[Reply] | None = None,
+        responder: Callable[[Received], Reply] | None = None,
+    ) -> None:
+        """``replies`` are answered in order; once they are spent, ``responder`` (if any)
+        answers from the request itself (for runs whose call order is not fixed)."""
         self.replies: list[Reply] = list(replies or [])
+        self.responder = responder
         self.received: list[Received] = []
         self.in_flight = 0
         self.max_in_flight = 0  # most requests being answered at one moment
@@ -84,9 +93,12 @@ class ScriptedServer:
                     body = json.loads(raw or b"{}")
                 except ValueError:
                     body = {"_unparsed": raw.decode(errors="replace")}
+                received = Received(self.path, dict(self.headers), body)
                 with server._lock:
-                    server.received.append(Received(self.path, dict(self.headers), body))
+                    server.received.append(received)
                     reply = server.replies.pop(0) if server.replies else None
+                    if reply is None and server.responder is not None:
+                        reply = server.responder(received)
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
                 try:
