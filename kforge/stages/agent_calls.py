@@ -4,6 +4,7 @@ the store, so the same request is never made twice, whatever the agent."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,10 @@ def generate_cached(ctx: StageContext, agent: str, request: GenerationRequest) -
         return hit
     from kforge.agents.registry import make_agent
 
+    start = time.perf_counter()
     result = make_agent(agent, ctx.config.agents[agent], ctx.store).generate(request)
+    if not result.transcript.latency_s:  # the embedded agent does not time itself
+        result.transcript.latency_s = round(time.perf_counter() - start, 3)
     ctx.ledger("agent_call", role="generate", agent=agent, problem=request.problem_name, round=request.round)
     transcript = ctx.store.put_json(result.transcript)
     ctx.remember(key, result, [transcript])
@@ -53,7 +57,10 @@ def analyze_cached(ctx: StageContext, agent: str, request: AnalysisRequest) -> A
         return hit
     from kforge.agents.registry import make_agent
 
+    start = time.perf_counter()
     result = make_agent(agent, ctx.config.agents[agent], ctx.store).analyze(request)
+    if not result.transcript.latency_s:
+        result.transcript.latency_s = round(time.perf_counter() - start, 3)
     ctx.ledger("agent_call", role="analyze", agent=agent, problem=request.problem_name)
     transcript = ctx.store.put_json(result.transcript)
     ctx.remember(key, result, [transcript])

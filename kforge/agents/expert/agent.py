@@ -48,13 +48,24 @@ def next_cpu_plan(graph: KernelGraph, request: GenerationRequest) -> CpuPlan:
     return previous
 
 
-def triton_candidate(graph: KernelGraph, request: GenerationRequest) -> tuple[dict[str, Any], str]:
-    """Knobs and source for the ``triton`` platform (generator: ``triton_codegen``): round 0
-    its default plan; later the previous knobs updated by the actions' params; the default
-    again after a functional failure or a plan the policy rejects."""
-    from kforge.agents.expert import triton_codegen as tc
+def _gpu_generator(platform: str) -> tuple[Any, Any, Any, type[Exception]]:
+    """(default plan, resolve plan, generate, plan error) of the ``triton`` or ``cuda`` generator."""
+    if platform == "triton":
+        from kforge.agents.expert import triton_codegen as tc
 
-    default = tc.default_plan(graph, request.policy)
+        return tc.default_plan, tc.resolve_plan, tc.generate_triton, tc.PlanError
+    from kforge.agents.expert import cuda_codegen as cc
+
+    return cc.default_cuda_plan, cc.resolve_cuda_plan, cc.generate_cuda, cc.PlanError
+
+
+def gpu_candidate(graph: KernelGraph, request: GenerationRequest) -> tuple[dict[str, Any], str]:
+    """Knobs and source for a GPU platform (``triton``: ``triton_codegen``; ``cuda``:
+    ``cuda_codegen``): round 0 its default plan; later the previous knobs updated by the
+    actions' params; the default again after a functional failure or a plan the policy
+    rejects."""
+    default_plan, resolve_plan, generate, plan_error = _gpu_generator(request.platform)
+    default = default_plan(graph, request.policy)
     knobs = dict(default)
     failed = any(f.stage in FUNCTIONAL_STAGES for f in request.feedback)
     if request.round > 0 and not failed:
@@ -63,10 +74,10 @@ def triton_candidate(graph: KernelGraph, request: GenerationRequest) -> tuple[di
             for action in request.recommendation.actions:
                 knobs.update({k: v for k, v in action.params.items() if k in default})
     try:
-        knobs = tc.resolve_plan(graph, knobs, request.policy)
-    except tc.PlanError:
+        knobs = resolve_plan(graph, knobs, request.policy)
+    except plan_error:
         knobs = default
-    return knobs, tc.generate_triton(graph, knobs, request.policy, request.problem_source)
+    return knobs, generate(graph, knobs, request.policy, request.problem_source)
 
 
 class ExpertAgent:
@@ -86,9 +97,9 @@ class ExpertAgent:
         messages = render_generation_messages(request)
         try:
             graph = trace_problem(request.problem_source)
-            if request.platform == "triton":
-                knobs, source = triton_candidate(graph, request)
-                plan_data: dict[str, Any] = {"platform": "triton",
+            if request.platform in ("triton", "cuda"):
+                knobs, source = gpu_candidate(graph, request)
+                plan_data: dict[str, Any] = {"platform": request.platform,
                                              "graph": graph.model_dump(mode="json"), **knobs}
                 return GenerationResult(source=source, extraction="ok", plan=plan_data,
                                         transcript=self._transcript("generate", messages, source))
