@@ -337,7 +337,7 @@ def _backoff(attempt: int, exc: BaseException) -> float:
     asked = _retry_after(exc)
     if asked is not None:
         return min(asked, BACKOFF_CAP_S)
-    return min(BACKOFF_BASE_S * 2**attempt, BACKOFF_CAP_S) * random.uniform(0.75, 1.0)
+    return min(BACKOFF_BASE_S * float(2**attempt), BACKOFF_CAP_S) * random.uniform(0.75, 1.0)
 
 
 def _classify(litellm: Any, exc: BaseException, config: AgentConfig) -> LLMError | None:
