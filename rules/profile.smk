@@ -9,7 +9,7 @@ rule profile:
         code=PLAN.code["profile"],
         settings=PLAN.settings_digest("profile"),
         suite=lambda w: PLAN.suite_digest(w.suite),
-    threads: workflow.cores
+    threads: lambda w: workflow.cores if w.platform == "cpu" else 1  # CPU timing owns the machine
     resources:
         gpu=lambda w: 1 if w.platform in ("triton", "cuda") else 0,
     log:

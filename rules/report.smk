@@ -12,7 +12,7 @@ rule select:
         code=PLAN.code["select"],
         settings=PLAN.settings_digest("profile", "policy"),
         dirs=lambda w: " ".join(PLAN.round_dirs(w.agent, w.platform, w.suite, w.problem)),
-    threads: workflow.cores
+    threads: lambda w: workflow.cores if w.platform == "cpu" else 1  # CPU timing owns the machine
     resources:
         gpu=lambda w: 1 if w.platform in ("triton", "cuda") else 0,
     log:

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Run the pipeline on a GPU host that has torch and Triton but not KForge's own dependencies:
+#   scripts/gpu_pipeline.sh WHEELS_DIR CONFIG [OUT_DIR] [extra snakemake args...]
+# WHEELS_DIR holds py3.12 wheels for snakemake, pydantic and their needs (see docs/GPU.md);
+# the report, the stage tables and a summary land in OUT_DIR.
+set -uo pipefail
+wheels=$1; config=$2; out=${3:-gpu-results}; shift 3 || shift $#
+mkdir -p "$out"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/kforge-site "$wheels"/*.whl || exit 1
+export PYTHONPATH=/tmp/kforge-site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$out/gpu.csv" 2>&1
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee "$out/versions.txt"
+start=$(date +%s)
+python3 -m snakemake --cores "$(nproc)" --configfile "$config" artifacts/report.parquet "$@" > "$out/snakemake.log" 2>&1
+rc=$?
+echo "snakemake exit $rc after $(( $(date +%s) - start )) s" | tee -a "$out/versions.txt"
+cp artifacts/report.parquet "$out/" 2>/dev/null
+python3 -m kforge.cli report artifacts/report.parquet > "$out/report.txt" 2>&1
+tar czf "$out/artifacts.tgz" --exclude='artifacts/build' --exclude='artifacts/cas/sha256' artifacts/runs artifacts/tables artifacts/logs artifacts/ledger.jsonl 2>/dev/null
+cat "$out/report.txt"
+exit $rc
