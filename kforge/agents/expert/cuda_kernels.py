@@ -53,12 +53,13 @@ def elementwise_parts(ir: KernelGraph, knobs: dict[str, Any], cvars: dict[str, s
         if sig.needs_row_col
         else ""
     )
-    lanes = []
+    # float4 lanes: one division per 4 elements, then (row, col) stepped along the row.
+    lanes = ["            int64_t r_ = i / cols, c_ = i - r_ * cols;"] if sig.needs_row_col else []
     for lane, comp in enumerate("xyzw"):
         fulls = {t.name: f"l_{t.var}.{comp}" for t in sig.fulls}
-        call = sig.call("0.0f", "e", "r_", "c_", fulls)
-        index = f"const int64_t e = i + {lane}; {rc}" if sig.needs_row_col else ""
-        lanes.append(f"            {{ {index}r.{comp} = {call}; }}")
+        lanes.append(f"            r.{comp} = {sig.call('0.0f', 'e', 'r_', 'c_', fulls)};")
+        if sig.needs_row_col and lane < 3:
+            lanes.append("            if (++c_ == cols) { c_ = 0; ++r_; }")
     loads4 = "".join(
         f"            const float4 l_{t.var} = reinterpret_cast<const float4*>({t.var})[j];\n"
         for t in sig.fulls
