@@ -7,8 +7,8 @@ set -uo pipefail
 wheels=$1; config=$2; out=${3:-gpu-results}; shift 3 || shift $#
 mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/kforge-site "$wheels"/*.whl || exit 1
-export PYTHONPATH=/tmp/kforge-site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+  --target "$PWD/.kforge-site" "$wheels"/*.whl || exit 1
+export PYTHONPATH="$PWD/.kforge-site":$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$out/gpu.csv" 2>&1
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee "$out/versions.txt"

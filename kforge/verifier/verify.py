@@ -40,7 +40,7 @@ def reference_cache_dir() -> Path:
 
 
 def _reference(job: dict[str, Any], *, scratch: Path | None, env: dict[str, str], limits: Limits,
-               gpu: bool) -> JobOutcome:
+               gpu: bool, ro_paths: list[Path]) -> JobOutcome:
     """The reference run, cached by everything it depends on (frames stored, nonce-free)."""
     problem_source = Path(job["problem_path"]).read_bytes()
     key = hashlib.sha256(json.dumps(
@@ -54,7 +54,7 @@ def _reference(job: dict[str, Any], *, scratch: Path | None, env: dict[str, str]
             return JobOutcome(frames, None, "", "cache", 0.0)
         except (ValueError, KeyError, TypeError):
             path.unlink(missing_ok=True)
-    outcome = run_job(job, scratch_root=scratch, env_extra=env, limits=limits, gpu=gpu)
+    outcome = run_job(job, scratch_root=scratch, env_extra=env, limits=limits, gpu=gpu, ro_paths=ro_paths)
     if outcome.reason is None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -120,7 +120,8 @@ def run_verification(
     ref_job = {"mode": "reference", "problem_path": str(problem_path), "preset": preset,
                "sizes": sizes, "cases": cases, "device": device, "model_seed": MODEL_SEED}
     ro = [build, problem_path.parent]
-    ref = _reference(ref_job, scratch=scratch, env=env, limits=Limits(timeout_s=max(timeout_s, 300), memory_mb=None), gpu=gpu)
+    ref = _reference(ref_job, scratch=scratch, env=env, limits=Limits(timeout_s=max(timeout_s, 300), memory_mb=None), gpu=gpu,
+                     ro_paths=ro)
     extra = {"sandbox": ref.mode if ref.mode != "cache" else "", "device": device,
              "interpreted": bool(info.interpreted)}
     if ref.reason is not None:

@@ -33,3 +33,16 @@ def test_constructing_a_layer_inside_forward_is_rejected() -> None:
                            "nn.Linear(4, 4)(x)")
     reasons = {f.reason for f in static_check(builds, PROBLEM, platform="cpu")}
     assert Reason.CALLS_REFERENCE_OP in reasons
+
+
+def test_problem_folder_under_tmp_is_visible_to_the_sandboxed_reference(tmp_path: Path) -> None:
+    """bwrap mounts a private /tmp: the problem's folder must be bound for both workers."""
+    import shutil
+
+    from kforge.verifier import verify_candidate
+
+    refs = Path(__file__).resolve().parents[2] / "refs" / "cpu"
+    shutil.copy(refs / "problem.py", tmp_path / "problem.py")
+    verdict = verify_candidate((refs / "solution.py").read_text(), tmp_path / "problem.py",
+                               platform="cpu", policy="strict", trials=1, timeout_s=120)
+    assert verdict.ok, verdict
