@@ -170,3 +170,18 @@ def test_gemm_pipeline_is_fitted_to_shared_memory() -> None:
     knobs = resolve_plan(ir, {**plan, "precision": "bf16x3", "precast": 1}, "relaxed")
     assert gemm_smem_bytes(knobs) <= SMEM_LIMIT and knobs["num_stages"] == 2
     assert resolve_plan(ir, {}, "strict")["num_stages"] == default_plan(ir, "strict")["num_stages"]
+
+
+def test_recommend_reads_the_expert_plan_layout() -> None:
+    from kforge.agents.expert.triton_analysis import recommend
+
+    flat = {"platform": "triton", **GEMM_PLAN}
+    request = _request("relaxed", 1.6).model_copy(update={"plan": flat})
+    assert recommend(request).actions[0].params["precision"] == "bf16"
+    nested = {
+        "platform": "triton",
+        "graph": GEMM_PLAN["graph"],
+        "triton": dict(GEMM_PLAN, precision="bf16"),
+    }
+    request = _request("relaxed", 1.6).model_copy(update={"plan": nested})
+    assert all(a.kind != "precision" for a in recommend(request).actions)

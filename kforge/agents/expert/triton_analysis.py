@@ -255,3 +255,12 @@ def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommenda
     return Recommendation(
         bottleneck=bottleneck, evidence=evidence, actions=actions[:3], summary=summary
     )
+
+
+def recommend(request: AnalysisRequest) -> Recommendation:
+    """Entry point for :mod:`kforge.agents.expert.analysis`. ``request.plan`` is the expert's
+    ``{"platform": "triton", "graph": <KernelGraph json>, <knobs>...}`` (knobs at the top level,
+    as ``ExpertAgent`` writes them, or under a ``"triton"`` key)."""
+    nested = request.plan.get("triton")
+    knobs = nested if isinstance(nested, dict) else request.plan
+    return analyze_triton(request, {**knobs, "graph": request.plan.get("graph")})
