@@ -102,7 +102,19 @@ def _gemm_actions(
                 )
             )
             return actions
-    if bn < 256 and bm * bn < 128 * 256:
+    if precision in ("tf32x3", "bf16x3"):
+        # Split modes hold 2-3x the operand registers: on the H200 (benchmarks/results/
+        # gemm_epilogue_h200.md) 128x256 tiles lost 25% to 128x128, and 128x64 with 4 warps won.
+        if (bm, bn) != (128, 64):
+            actions.append(
+                Action(
+                    kind="tile",
+                    params={"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4},
+                    expected_gain=1.05,
+                    rationale="split-precision dots are register-bound: smaller tiles, more programs",
+                )
+            )
+    elif bn < 256 and bm * bn < 128 * 256:
         actions.append(
             Action(
                 kind="tile",
