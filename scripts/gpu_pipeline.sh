@@ -13,7 +13,7 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$out/gpu.csv" 2>&1
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee "$out/versions.txt"
 start=$(date +%s)
-timeout "${GPU_PIPELINE_TIMEOUT:-86400}" python3 -m snakemake --cores "$(nproc)" --configfile "$config" artifacts/report.parquet "$@" > "$out/snakemake.log" 2>&1
+timeout "${GPU_PIPELINE_TIMEOUT:-86400}" python3 -m snakemake artifacts/report.parquet --cores "$(nproc)" "$@" --configfile "$config" > "$out/snakemake.log" 2>&1
 rc=$?
 echo "snakemake exit $rc after $(( $(date +%s) - start )) s" | tee -a "$out/versions.txt"
 cp artifacts/report.parquet "$out/" 2>/dev/null
