@@ -24,7 +24,10 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(M, K), torch.randn(K, N)]
+    # A is scaled by 1/sqrt(K) so the product is ~N(0, 1) where the sigmoid is informative.
+    # Unscaled, the product is ~N(0, sqrt(K)): the sigmoid saturates, and the fp32 reference is
+    # itself ~4e-4 from the exact product at K = 8192, outside the strict band.
+    return [torch.randn(M, K) * K**-0.5, torch.randn(K, N)]
 
 
 def get_init_inputs():

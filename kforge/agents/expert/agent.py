@@ -67,8 +67,17 @@ def gpu_candidate(graph: KernelGraph, request: GenerationRequest) -> tuple[dict[
     default_plan, resolve_plan, generate, plan_error = _gpu_generator(request.platform)
     default = default_plan(graph, request.policy)
     knobs = dict(default)
-    failed = any(f.stage in FUNCTIONAL_STAGES for f in request.feedback)
-    if request.round > 0 and not failed:
+    failures = [f for f in request.feedback if f.stage in FUNCTIONAL_STAGES]
+    if failures and request.platform == "triton" and request.previous_plan:
+        from kforge.agents.expert.triton_codegen import safer_plan
+
+        previous = {k: v for k, v in request.previous_plan.items() if k in default}
+        try:  # e.g. an accuracy failure of a lossy GEMM mode moves to the bf16 hi/lo split
+            knobs = safer_plan(graph, {**default, **previous}, request.policy, f"{failures[0].reason}: {failures[0].detail}")
+            return knobs, generate(graph, knobs, request.policy, request.problem_source)
+        except plan_error:
+            pass
+    if request.round > 0 and not failures:
         knobs.update({k: v for k, v in request.previous_plan.items() if k in default})
         if request.recommendation is not None:
             for action in request.recommendation.actions:
