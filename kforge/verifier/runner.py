@@ -45,11 +45,18 @@ def scrub(text: str, scratch: Path | None) -> str:
     return text.strip()
 
 
+def import_paths() -> list[str]:
+    """The package root plus the parent's PYTHONPATH (e.g. a wheel folder on a GPU host), so the
+    worker imports exactly what the parent does."""
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO_ROOT)]
+    return [str(REPO_ROOT), *extra]
+
+
 def worker_env(extra: dict[str, str], scratch: Path, threads: int | None) -> dict[str, str]:
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(scratch), "TMPDIR": str(scratch), "XDG_CACHE_HOME": str(scratch / ".cache"),
-        "PYTHONPATH": str(REPO_ROOT), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
+        "PYTHONPATH": os.pathsep.join(import_paths()), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
         "LANG": "C.UTF-8", "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"),
         "TRITON_CACHE_DIR": str(scratch / "triton"),
     }
@@ -74,8 +81,10 @@ def run_job(
         nonce = secrets.token_bytes(16)
         payload = json.dumps(dict(job, nonce=nonce.hex())).encode()
         env = worker_env(env_extra, scratch, job.get("threads"))
+        # Import paths under the sandbox's private /tmp must be bound read-only to stay visible.
+        visible = [*(ro_paths or []), *(Path(p) for p in import_paths()[1:] if Path(p).is_dir())]
         result = run_sandboxed(python_argv("kforge.verifier.worker"), env=env, scratch=scratch,
-                               stdin=payload, limits=limits, ro_paths=ro_paths, gpu=gpu)
+                               stdin=payload, limits=limits, ro_paths=visible, gpu=gpu)
         return interpret(result, nonce, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
