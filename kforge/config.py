@@ -74,6 +74,7 @@ class ProfileConfig(Strict):
     reps: int = Field(20, ge=3)
     timeout_s: float = Field(300.0, gt=0)
     threads: int | None = None  # CPU threads for candidate and baselines (None: all cores)
+    ncu: bool = False  # Nsight Compute metrics for GPU candidates when ncu is on the PATH
 
 
 class TransferConfig(Strict):

@@ -46,6 +46,13 @@ def run_profile(
             baselines=False, warmup=prof.warmup, reps=prof.reps, threads=prof.threads,
             timeout_s=prof.timeout_s, peaks=host_peaks(ctx, verified.verdict.device),
         )
+        if prof.ncu and profile.ok and profile.device == "cuda":
+            from kforge.verifier.ncu import ncu_metrics
+
+            profile.extra.update(ncu_metrics(
+                kernel.read_text(), ctx.problem_path(suite, problem), platform=platform,
+                preset=suite_cfg.preset, sizes=suite_cfg.sizes, build_dir=ctx.build_dir.resolve(),
+            ))
         ctx.ledger("profile", platform=platform, problem=problem, source=verified.source)
         record = ProfileRecord(**base, profile=profile)
         ctx.remember(key, record, [])
