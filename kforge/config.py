@@ -64,6 +64,10 @@ class RoundsConfig(Strict):
 
 
 class VerifyConfig(Strict):
+    """``preset: ci`` verifies at the small sizes while timing uses the suite's preset: for
+    GPU-scale problems whose outputs (GBs) are too large to ship to the parent and compare."""
+
+    preset: Literal["suite", "ci"] = "suite"
     trials: int = Field(3, ge=1)
     timeout_s: float = Field(120.0, gt=0)
     memory_mb: int = Field(4096, ge=256)

@@ -16,6 +16,11 @@ start=$(date +%s)
 timeout "${GPU_PIPELINE_TIMEOUT:-86400}" python3 -m snakemake artifacts/report.parquet --cores "$(nproc)" "$@" --configfile "$config" > "$out/snakemake.log" 2>&1
 rc=$?
 echo "snakemake exit $rc after $(( $(date +%s) - start )) s" | tee -a "$out/versions.txt"
+if [ ! -f artifacts/report.parquet ]; then  # out of time: report what finished
+  config_json=$(ls -t artifacts/config/*.json | head -1)
+  python3 -m kforge.stages report --config "$config_json" --inputs artifacts/runs/*/*/*/*/best.json \
+    --out artifacts/report.parquet && echo "partial report: only the cells that finished" | tee -a "$out/versions.txt"
+fi
 cp artifacts/report.parquet "$out/" 2>/dev/null
 python3 -m kforge.cli report artifacts/report.parquet > "$out/report.txt" 2>&1
 tar czf "$out/artifacts.tgz" --exclude='artifacts/build' --exclude='artifacts/cas/sha256' artifacts/runs artifacts/tables artifacts/logs artifacts/ledger.jsonl 2>/dev/null

@@ -22,7 +22,12 @@ def run_problem(ctx: StageContext, suite: str, problem: str, out: Path) -> Probl
 
         try:
             loaded = load_problem(path, suite=suite, preset=settings.preset, sizes=settings.sizes)
-            meta = problem_meta(loaded)
+            # Costs at the run's sizes (counted on the meta device); degeneracy is a property of
+            # the maths, checked by running the reference, so at the small ci sizes.
+            small = settings.preset == "ci"
+            meta = problem_meta(loaded, check_degenerate=small)
+            if not small:
+                meta.degenerate = problem_meta(load_problem(path, suite=suite, preset="ci")).degenerate
         except ProblemError as err:
             meta = ProblemMeta(
                 name=problem, suite=suite, path=str(path), source_digest=sha256_bytes(source),

@@ -64,6 +64,7 @@ class VerifyRecord(Record):
     kind: Literal["verify"] = "verify"
     platform: str
     problem_source: str
+    preset: str = ""  # sizes the candidate was verified at
     source: str | None
     verdict: Verdict
 

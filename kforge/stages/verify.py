@@ -30,10 +30,10 @@ def run_verify(
 
     info = get_platform(platform).describe()
     suite_cfg, verify_cfg = ctx.config.suites[suite], ctx.config.verify
+    preset, sizes = (suite_cfg.preset, suite_cfg.sizes) if verify_cfg.preset == "suite" else ("ci", {})
     key = ctx.action_key(
         "verify", platform=platform, info=info.model_dump(mode="json"), source=compiled.source,
-        problem=problem_source, policy=ctx.config.policy, preset=suite_cfg.preset, sizes=suite_cfg.sizes,
-        trials=verify_cfg.trials,
+        problem=problem_source, policy=ctx.config.policy, preset=preset, sizes=sizes, trials=verify_cfg.trials,
     )
     cached = ctx.cached(key, VerifyRecord)
     if cached is not None:
@@ -46,11 +46,12 @@ def run_verify(
 
         verdict = verify_candidate(
             kernel.read_text(), problem_path, platform=platform, policy=ctx.config.policy,
-            preset=suite_cfg.preset, sizes=suite_cfg.sizes, build_dir=ctx.build_dir.resolve(),
-            trials=verify_cfg.trials, timeout_s=verify_cfg.timeout_s, memory_mb=verify_cfg.memory_mb,
+            preset=preset, sizes=sizes, build_dir=ctx.build_dir.resolve(), trials=verify_cfg.trials, timeout_s=verify_cfg.timeout_s, memory_mb=verify_cfg.memory_mb,
         )
         ctx.ledger("verify", platform=platform, problem=problem, source=compiled.source, ok=verdict.ok)
-    record = VerifyRecord(platform=platform, problem_source=problem_source, source=compiled.source, verdict=verdict)
+    record = VerifyRecord(
+        platform=platform, problem_source=problem_source, preset=preset, source=compiled.source, verdict=verdict
+    )
     ctx.remember(key, record, [])
     write_record(out, record, ctx.store)
     return record

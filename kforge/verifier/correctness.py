@@ -47,11 +47,11 @@ def compare(c: np.ndarray, r: np.ndarray, tol: float, dist: str = "native") -> t
     """(failure kind or None, max abs error, relative error norm); NaN never passes.
 
     On the problem's own inputs (``native``, and the other-sizes case) every element must be
-    within ``atol + rtol |r|``, as KernelBench asks. On the stress distributions (signed,
-    heavy-tailed, scaled) a correct fp32 kernel that merely sums in another order can miss
-    that bound where terms cancel, so there the absolute part scales with the output's RMS:
-    ``|c - r| <= tol (|r| + rms(r))``. Both need a relative error norm within ``tol``, so a
-    wrong answer fails either way.
+    within ``atol + rtol |r|``, as KernelBench asks. The stress distributions (signed,
+    heavy-tailed, scaled) push the fp32 *reference* itself off the exact result where terms
+    cancel (measured on the H200: 4e-4 at K = 8192 with signed operands, outside the strict
+    band, for every fp32 summation order), so there only the relative error norm is held to
+    ``tol``; every case needs it, so a wrong answer fails either way.
     """
     r_fin = np.isfinite(r)
     if not np.all(np.isfinite(c)[r_fin]):
@@ -60,10 +60,8 @@ def compare(c: np.ndarray, r: np.ndarray, tol: float, dist: str = "native") -> t
         return "mismatch", float("nan"), float("nan")
     diff = np.abs(c[r_fin] - r[r_fin])
     max_abs = float(diff.max()) if diff.size else 0.0
-    scale = 1.0
-    if dist not in ("native", "") and diff.size:
-        scale = max(1.0, float(np.sqrt(np.mean(np.square(r[r_fin])))))
-    ok = np.all(diff <= tol * scale + tol * np.abs(r[r_fin]))  # NaN in diff -> comparison False
+    elementwise = dist in ("native", "")
+    ok = not elementwise or np.all(diff <= tol + tol * np.abs(r[r_fin]))  # NaN in diff -> False
     ref_norm = float(np.linalg.norm(r[r_fin]))
     err_norm = float(np.linalg.norm(diff))
     rel = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))

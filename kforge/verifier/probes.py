@@ -148,8 +148,10 @@ class LaunchCounter:
         self._installed = True
 
 
-AT_KERNEL_MARKERS = ("at::native", "at_cuda_detail", "cublas", "cutlass", "gemm", "cudnn",
-                     "sm90_xmma", "sm80_xmma", "ampere_", "Memcpy", "Memset")
+# Kernels PyTorch's own libraries launch (cuBLAS/cuBLASLt names: *xmma*, nvjet*, cutlass*).
+# Not a bare "gemm": a candidate's own kernel may well be called kf_gemm_kernel.
+AT_KERNEL_MARKERS = ("at::native", "at_cuda_detail", "cublas", "cutlass", "cudnn", "xmma", "nvjet",
+                     "ampere_", "Memcpy", "Memset")
 
 
 def profile_events(prof: Any) -> tuple[list[str], list[str], list[str]]:

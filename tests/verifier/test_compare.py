@@ -1,4 +1,4 @@
-"""The element bound on stress distributions scales with the output's RMS; wrong answers fail."""
+"""Stress distributions are held to the relative error norm; wrong answers fail everywhere."""
 
 from __future__ import annotations
 
