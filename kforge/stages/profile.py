@@ -13,10 +13,13 @@ from kforge.stages.records import ProfileRecord, VerifyRecord
 
 
 def host_peaks(ctx: StageContext, device: str):  # type: ignore[no-untyped-def]
-    """Device peaks (copy bandwidth, matmul rate), measured once per host and cached."""
+    """Device peaks (copy bandwidth, matmul rate), measured once per host and cached; the
+    matmul ceiling is the fastest precision the run's policy allows."""
     from kforge.verifier import measure_peaks
+    from kforge.verifier.peaks import policy_matmul_gflops
 
-    return measure_peaks(device, ctx.root / "host")
+    peaks = measure_peaks(device, ctx.root / "host")
+    return peaks.model_copy(update={"matmul_gflops": policy_matmul_gflops(peaks, ctx.config.policy)})
 
 
 def run_profile(

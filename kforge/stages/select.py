@@ -59,7 +59,7 @@ def run_select(ctx: StageContext, *, round_dirs: list[Path], out: Path) -> Selec
     eligible = sorted((ms, i) for ms, i in timed if i not in flagged)
     if not eligible:
         status, detail = _status_without_winner(verdicts)
-        if timed and not eligible:
+        if flagged:
             status, detail = "roofline_flagged", "every verified round beat the roofline: not trusted, not shipped"
         record = SelectionRecord(**common, status=status, detail=detail, wall_s=round(wall, 3))
         write_record(out, record, ctx.store)

@@ -35,3 +35,4 @@ def test_cpu_platform_reports_ncu_unavailable(tmp_path: Path) -> None:
     problem = Path(__file__).resolve().parents[2] / "refs" / "cpu" / "problem.py"
     out = ncu_metrics("", problem, platform="cpu", preset="ci", sizes=None, build_dir=tmp_path)
     assert out["ncu"].startswith("unavailable")
+
