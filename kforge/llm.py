@@ -49,6 +49,16 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field
 
 from kforge.config import AgentConfig
+from kforge.llm_errors import (  # re-exported: callers catch them from kforge.llm
+    LLMAuthError,
+    LLMBadRequestError,
+    LLMContextWindowError,
+    LLMError,
+    LLMNotFoundError,
+    LLMResponseError,
+    LLMTimeoutError,
+    LLMUnavailableError,
+)
 from kforge.schema import Role, Transcript, Usage
 from kforge.store import Store, canonical_json, digest_of
 
@@ -62,50 +72,6 @@ _CONTEXT = re.compile(
     re.IGNORECASE,
 )
 LOCAL_DUMMY_KEY = "sk-kforge-local"  # OpenAI clients insist on a key; local servers ignore it
-
-
-# --------------------------------------------------------------------------- errors
-
-
-class LLMError(Exception):
-    """Base of every failure of :func:`complete`; the message names the model and api_base."""
-
-    def __init__(self, message: str, *, model: str, api_base: str | None) -> None:
-        super().__init__(message)
-        self.model = model
-        self.api_base = api_base
-
-
-class LLMConfigError(LLMError):
-    """The model, its api_base or its key is wrong. Fix the configuration; do not retry."""
-
-
-class LLMAuthError(LLMConfigError):
-    pass
-
-
-class LLMNotFoundError(LLMConfigError):
-    pass
-
-
-class LLMBadRequestError(LLMConfigError):
-    pass
-
-
-class LLMContextWindowError(LLMError):
-    """The prompt is longer than the model's context window."""
-
-
-class LLMUnavailableError(LLMError):
-    """Rate limits, server errors or connection failures outlasted every retry."""
-
-
-class LLMTimeoutError(LLMUnavailableError):
-    pass
-
-
-class LLMResponseError(LLMError):
-    """The server answered 200 but the answer holds no message content."""
 
 
 # --------------------------------------------------------------------------- records
