@@ -24,7 +24,7 @@ from kforge.stages.records import (
 )
 
 # Verdicts that say nothing about the candidate itself: repairing would be pointless.
-NOT_THE_CANDIDATES_FAULT = frozenset({"no_device", "platform_unavailable"})
+NOT_THE_CANDIDATES_FAULT = frozenset({"no_device", "platform_unavailable", "harness_error"})
 
 
 def _feedback(ctx: StageContext, compiled: CompileRecord, verified: VerifyRecord, extraction: str) -> list[Feedback]:

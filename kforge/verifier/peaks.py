@@ -18,8 +18,9 @@ class Peaks(Record):
     host: str
     device: str
     device_name: str
-    copy_gbps: float
+    copy_gbps: float  # buffers far larger than the last-level cache: DRAM
     matmul_gflops: float  # fp32 (TF32 off)
+    cache_copy_gbps: float = 0.0  # buffers that fit in the last-level cache
     tf32_gflops: float = 0.0  # CUDA only: TF32 tensor cores, fp32 accumulate
     bf16_gflops: float = 0.0  # CUDA only
     measured_at: str = ""
@@ -72,7 +73,7 @@ def measure_peaks(device: str, cache_dir: Path) -> Peaks:
 
     name = device_name(device)
     host = socket.gethostname()
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"v2__{host}__{device}__{name}")[:200]
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"v3__{host}__{device}__{name}")[:200]
     path = Path(cache_dir) / f"peaks-{slug}.json"
     if path.is_file():
         try:
@@ -83,6 +84,9 @@ def measure_peaks(device: str, cache_dir: Path) -> Peaks:
     src = torch.ones(n_copy, device=device)
     dst = torch.empty_like(src)
     copy_s = _best_seconds(lambda: dst.copy_(src), device, 10)
+    n_small = 2 * 1024 * 1024  # 2 x 8 MiB: resident in a CPU's L3 or a GPU's L2
+    small_src, small_dst = src[:n_small], dst[:n_small]
+    small_s = _best_seconds(lambda: small_dst.copy_(small_src), device, 20)
     size = 8192 if device == "cuda" else 1024
     a = torch.randn(size, size, device=device)
     b = torch.randn(size, size, device=device)
@@ -99,6 +103,7 @@ def measure_peaks(device: str, cache_dir: Path) -> Peaks:
         bf16 = 2 * size**3 / _best_seconds(lambda: torch.mm(ah, bh), device, 5) / 1e9
     peaks = Peaks(host=host, device=device, device_name=name,
                   copy_gbps=2 * n_copy * 4 / copy_s / 1e9, matmul_gflops=2 * size**3 / mm_s / 1e9,
+                  cache_copy_gbps=2 * n_small * 4 / small_s / 1e9,
                   tf32_gflops=tf32, bf16_gflops=bf16, measured_at=datetime.now(UTC).isoformat(timespec="seconds"))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
