@@ -1,5 +1,6 @@
 rule profile:
-    """Time and profile a verified candidate. Takes every core so timings do not collide."""
+    """Time and profile a verified candidate: evidence for the analysis agent. It shares the
+    machine with other jobs (the report's numbers come from `select`, which does not)."""
     input:
         kernel=f"{RUN}/r{{r}}/kernel.py",
         verified=f"{RUN}/r{{r}}/verify.json",
@@ -9,7 +10,6 @@ rule profile:
         code=PLAN.code["profile"],
         settings=PLAN.settings_digest("profile"),
         suite=lambda w: PLAN.suite_digest(w.suite),
-    threads: lambda w: workflow.cores if w.platform == "cpu" else 1  # CPU timing owns the machine
     resources:
         gpu=lambda w: 1 if w.platform in ("triton", "cuda") else 0,
     log:

@@ -65,6 +65,8 @@ def worker_env(extra: dict[str, str], scratch: Path, threads: int | None) -> dic
             env[key] = os.environ[key]
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
+    if (os.cpu_count() or 1) <= 4:  # inductor's compile-worker pool costs ~6 s a start on 2 cores
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     env.update(extra)
     return env
 
