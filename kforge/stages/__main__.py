@@ -20,7 +20,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{name}")
     p.add_argument("--round", type=int, default=0)
     for name in ("out", "out-dir", "kernel", "candidate", "compile-record", "verify-record", "profile-record",
-                 "problem-record", "example-record", "prev-dir"):
+                 "problem-record", "example-record", "prev-dir", "transfer-record"):
         p.add_argument(f"--{name}", type=Path)
     p.add_argument("--inputs", nargs="*", type=Path, default=[])
     return p
@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         from kforge.stages.generate import run_generate
 
         run_generate(ctx, agent=a.agent, platform=a.platform, suite=a.suite, problem=a.problem,
-                     problem_record=a.problem_record, example_record=a.example_record, out_dir=a.out_dir)
+                     problem_record=a.problem_record, example_record=a.example_record, out_dir=a.out_dir,
+                     transfer_record=a.transfer_record)
     elif a.stage == "refine":
         from kforge.stages.refine import run_refine
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from kforge.schema import GenerationRequest
 from kforge.stages.agent_calls import generate_cached, load_example_blob, write_candidate
-from kforge.stages.context import StageContext, record_digest
-from kforge.stages.records import CandidateRecord
+from kforge.stages.context import StageContext, read_record, record_digest
+from kforge.stages.records import CandidateRecord, SelectionRecord
 
 
 def run_generate(
@@ -20,6 +20,7 @@ def run_generate(
     problem_record: Path,
     example_record: Path,
     out_dir: Path,
+    transfer_record: Path | None = None,
 ) -> CandidateRecord:
     source = ctx.problem_path(suite, problem).read_text()
     request = GenerationRequest(
@@ -30,6 +31,13 @@ def run_generate(
         policy=ctx.config.policy,
         round=0,
     )
+    used = {"problem": record_digest(problem_record), "example": record_digest(example_record)}
+    if transfer_record is not None:  # cross-platform transfer: the other platform's best kernel
+        best = read_record(transfer_record, SelectionRecord)
+        if best.status == "verified" and best.best_source:
+            request.transfer_source = ctx.store.get_text(best.best_source)
+            request.transfer_platform = best.platform
+            used["transfer"] = record_digest(transfer_record)
     result = generate_cached(ctx, agent, request)
     return write_candidate(
         ctx,
@@ -41,7 +49,7 @@ def run_generate(
         mode="initial",
         result=result,
         parent=None,
-        used={"problem": record_digest(problem_record), "example": record_digest(example_record)},
+        used=used,
         functional_used=0,
         optimization_used=0,
         seconds=result.transcript.latency_s,

@@ -120,3 +120,4 @@ class SelectionRecord(Record):
     cost_usd: float = 0.0
     wall_s: float = 0.0
     selection_profile: str | None = None  # blob digest of the same-run timing Profile
+    transfer_from: str | None = None  # platform whose verified kernel seeded round 0

@@ -92,7 +92,8 @@ def run_tables(ctx: StageContext, *, records: list[Path], out_dir: Path) -> None
 REPORT_COLUMNS = (
     "agent", "platform", "suite", "problem", "status", "policy", "rounds_used", "best_round", "best_candidate",
     "best_source", "candidate_ms", "eager_ms", "compile_ms", "speedup_vs_eager", "speedup_vs_compile",
-    "speedup_vs_best", "candidate_cv", "device", "prompt_tokens", "completion_tokens", "cost_usd", "wall_s", "detail",
+    "speedup_vs_best", "candidate_cv", "device", "prompt_tokens", "completion_tokens", "cost_usd", "wall_s",
+    "transfer_from", "detail",
 )
 
 

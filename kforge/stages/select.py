@@ -48,6 +48,7 @@ def run_select(ctx: StageContext, *, round_dirs: list[Path], out: Path) -> Selec
     common = {
         "agent": first.agent, "platform": first.platform, "suite": first.suite, "problem": first.problem,
         "policy": ctx.config.policy, "rounds_used": sum(1 for c in cands if c.mode != "carry"), **spent,
+        "transfer_from": ctx.config.transfer.source_platform if "transfer" in first.used else None,
     }
 
     timed = [
