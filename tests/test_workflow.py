@@ -54,3 +54,25 @@ def test_missing_suite_folder_is_named(tmp_path: Path) -> None:
     bad["suites"]["starter"] = {"path": str(tmp_path / "nowhere")}
     with pytest.raises(ConfigError, match="does not exist"):
         WorkflowPlan.from_snakemake_config(bad)
+
+
+def test_transfer_makes_round_zero_wait_for_the_source_platform(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import yaml
+
+    config = data(tmp_path)
+    config["store"] = "artifacts"
+    config["transfer"] = {"enabled": True, "source_platform": "cpu"}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "artifacts/runs/expert/triton/starter/softmax_rows/r0/kernel.py",
+         "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), "-n",
+         "--configfile", str(tmp_path / "c.yaml")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    planned = proc.stdout + proc.stderr
+    assert "rule select:" in planned  # the cpu platform's best kernel comes first
+    assert "runs/expert/cpu/starter/softmax_rows/best.json" in planned
