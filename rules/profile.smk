@@ -1,9 +1,24 @@
+rule peaks:
+    """The device's copy bandwidth and matmul rates, measured once per host with the machine
+    to itself: the roofline check of every profile rests on them."""
+    output:
+        f"{ROOT}/host/peaks-{{platform}}.json",
+    threads: workflow.cores
+    resources:
+        gpu=lambda w: 1 if w.platform in ("triton", "cuda") else 0,
+    log:
+        f"{ROOT}/logs/peaks-{{platform}}.log",
+    shell:
+        "{STAGE} peaks --config {CFG} --platform {wildcards.platform} --out {output} > {log} 2>&1"
+
+
 rule profile:
     """Time and profile a verified candidate: evidence for the analysis agent. It shares the
     machine with other jobs (the report's numbers come from `select`, which does not)."""
     input:
         kernel=f"{RUN}/r{{r}}/kernel.py",
         verified=f"{RUN}/r{{r}}/verify.json",
+        peaks=f"{ROOT}/host/peaks-{{platform}}.json",
     output:
         f"{RUN}/r{{r}}/profile.json",
     params:

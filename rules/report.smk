@@ -5,7 +5,8 @@ def _rounds(w, names):
 rule select:
     """Best verified round, re-timed against eager and torch.compile in one process."""
     input:
-        lambda w: _rounds(w, ("kernel.py", "candidate.json", "verify.json", "profile.json", "analysis.json")),
+        rounds=lambda w: _rounds(w, ("kernel.py", "candidate.json", "verify.json", "profile.json", "analysis.json")),
+        peaks=f"{ROOT}/host/peaks-{{platform}}.json",
     output:
         f"{RUN}/best.json",
     params:

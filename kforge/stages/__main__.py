@@ -12,7 +12,7 @@ from kforge.stages.context import StageContext
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m kforge.stages")
     p.add_argument("stage", choices=[
-        "problem", "example", "generate", "compile", "verify", "profile", "analyze", "refine", "select",
+        "problem", "example", "peaks", "generate", "compile", "verify", "profile", "analyze", "refine", "select",
         "tables", "report",
     ])
     p.add_argument("--config", required=True, type=Path)
@@ -37,6 +37,12 @@ def main(argv: list[str] | None = None) -> int:
         from kforge.stages.example import run_example
 
         run_example(ctx, a.platform, a.out)
+    elif a.stage == "peaks":
+        from kforge.platforms import get_platform
+        from kforge.stages.context import write_record
+        from kforge.stages.profile import host_peaks
+
+        write_record(a.out, host_peaks(ctx, get_platform(a.platform).device()), ctx.store)
     elif a.stage == "generate":
         from kforge.stages.generate import run_generate
 
