@@ -27,6 +27,16 @@ def context(tmp_path: Path) -> StageContext:
     return StageContext(config=config, store=Store(config.store))
 
 
+def generate_with(ctx: StageContext, tmp_path: Path, best: Path):  # type: ignore[no-untyped-def]
+    problem_record = tmp_path / "problem.json"
+    problem_record.write_text("{}")
+    example = tmp_path / "example.json"
+    run_example(ctx, "triton", example)
+    return run_generate(ctx, agent="expert", platform="triton", suite="s", problem=PROBLEM,
+                        problem_record=problem_record, example_record=example,
+                        out_dir=tmp_path / "r0", transfer_record=best)
+
+
 def test_round_zero_prompt_carries_the_other_platforms_kernel(tmp_path: Path) -> None:
     ctx = context(tmp_path)
     cpu_kernel = (REPO / "refs" / "cpu" / "solution.py").read_text()
@@ -35,14 +45,7 @@ def test_round_zero_prompt_carries_the_other_platforms_kernel(tmp_path: Path) ->
         agent="expert", platform="cpu", suite="s", problem=PROBLEM, policy="strict", status="verified",
         rounds_used=1, best_round=0, best_source=ctx.store.put_text(cpu_kernel),
     ), ctx.store)
-    problem_record = tmp_path / "problem.json"
-    problem_record.write_text("{}")
-    example = tmp_path / "example.json"
-    run_example(ctx, "triton", example)
-
-    record = run_generate(ctx, agent="expert", platform="triton", suite="s", problem=PROBLEM,
-                          problem_record=problem_record, example_record=example,
-                          out_dir=tmp_path / "r0", transfer_record=best)
+    record = generate_with(ctx, tmp_path, best)
     assert record.used["transfer"] == record_digest(best)
     transcript = ctx.store.get_json(record.transcript)
     user = transcript["messages"][-1]["content"]
@@ -55,11 +58,5 @@ def test_a_failed_source_selection_transfers_nothing(tmp_path: Path) -> None:
     best = tmp_path / "best.json"
     write_record(best, SelectionRecord(agent="expert", platform="cpu", suite="s", problem=PROBLEM,
                                        policy="strict", status="failed", rounds_used=1), ctx.store)
-    problem_record = tmp_path / "problem.json"
-    problem_record.write_text("{}")
-    example = tmp_path / "example.json"
-    run_example(ctx, "triton", example)
-    record = run_generate(ctx, agent="expert", platform="triton", suite="s", problem=PROBLEM,
-                          problem_record=problem_record, example_record=example,
-                          out_dir=tmp_path / "r0", transfer_record=best)
+    record = generate_with(ctx, tmp_path, best)
     assert "transfer" not in record.used
