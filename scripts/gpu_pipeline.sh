@@ -13,16 +13,20 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$out/gpu.csv" 2>&1
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee "$out/versions.txt"
 start=$(date +%s)
-timeout "${GPU_PIPELINE_TIMEOUT:-86400}" python3 -m snakemake artifacts/report.parquet --cores "$(nproc)" "$@" --configfile "$config" > "$out/snakemake.log" 2>&1
+python3 -m snakemake --unlock artifacts/report.parquet --configfile "$config" > /dev/null 2>&1  # a lock left by a cut run
+timeout -k 20 "${GPU_PIPELINE_TIMEOUT:-86400}" python3 -m snakemake artifacts/report.parquet --cores "$(nproc)" "$@" --configfile "$config" > "$out/snakemake.log" 2>&1
 rc=$?
+pkill -KILL -f 'kforge[.]stages' 2>/dev/null; pkill -KILL -f 'kforge[.]verifier[.]worker' 2>/dev/null  # nothing outlives a cut run
 echo "snakemake exit $rc after $(( $(date +%s) - start )) s" | tee -a "$out/versions.txt"
-if [ ! -f artifacts/report.parquet ]; then  # out of time: report what finished
+if [ -f artifacts/report.parquet ] && [ $rc -eq 0 ]; then
+  cp artifacts/report.parquet "$out/"
+  python3 -m kforge.cli report artifacts/report.parquet > "$out/report.txt" 2>&1
+else  # cut or failed: report the cells that finished, outside artifacts/ so a rerun resumes
   config_json=$(ls -t artifacts/config/*.json | head -1)
   python3 -m kforge.stages report --config "$config_json" --inputs artifacts/runs/*/*/*/*/best.json \
-    --out artifacts/report.parquet && echo "partial report: only the cells that finished" | tee -a "$out/versions.txt"
+    --out "$out/report_partial.parquet" && echo "partial report: only the cells that finished" | tee -a "$out/versions.txt"
+  python3 -m kforge.cli report "$out/report_partial.parquet" > "$out/report.txt" 2>&1
 fi
-cp artifacts/report.parquet "$out/" 2>/dev/null
-python3 -m kforge.cli report artifacts/report.parquet > "$out/report.txt" 2>&1
 tar czf "$out/artifacts.tgz" --exclude='artifacts/build' --exclude='artifacts/cas/sha256' artifacts/runs artifacts/tables artifacts/logs artifacts/ledger.jsonl 2>/dev/null
 cat "$out/report.txt"
 exit $rc

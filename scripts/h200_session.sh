@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Everything the H200 runs for KForge, in phases that resume across device calls:
+#   scripts/h200_session.sh WHEELS_DIR OUT_DIR SECONDS
+# Phases, in order, each skipped once done (markers in .h200-state/, which survives while the
+# device machine stays warm, or comes back as a carried folder):
+#   pipeline   scripts/gpu_pipeline.sh over configs/h200.yaml (resumes a cut run)
+#   gputests   pytest -m gpu for the verifier's and the platforms' GPU rows
+#   baselines  benchmarks/baselines.py --preset full --device cuda for starter, level1, level2
+# SECONDS bounds the whole call; each phase gets what is left, less a reserve for packing up.
+set -uo pipefail
+wheels=$1; out=$2; budget=$3
+state=.h200-state
+mkdir -p "$out" "$state"
+deadline=$(( $(date +%s) + budget - 25 ))
+left() { echo $(( deadline - $(date +%s) )); }
+if [ -f "$state/artifacts.tgz" ] && [ ! -d artifacts/runs ]; then  # a carried run to resume
+  tar xzf "$state/artifacts.tgz"
+fi
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target "$PWD/.kforge-site" "$wheels"/*.whl || exit 1
+export PYTHONPATH="$PWD/.kforge-site":$PWD${PYTHONPATH:+:$PYTHONPATH}
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+echo "commit $commit (plus the working tree as copied), start $(date -u +%FT%TZ)" | tee "$out/session.txt"
+
+if [ ! -f "$state/pipeline.done" ] && [ "$(left)" -gt 60 ]; then
+  GPU_PIPELINE_TIMEOUT=$(( $(left) - 40 )) bash scripts/gpu_pipeline.sh "$wheels" "${KFORGE_SESSION_CONFIG:-configs/h200.yaml}" "$out/pipeline"
+  rc=$?
+  [ $rc -ne 124 ] && [ $rc -ne 137 ] && touch "$state/pipeline.done"  # finished, failed jobs or not
+  echo "pipeline exit $rc" | tee -a "$out/session.txt"
+  # the run's state, small enough to carry back into a cold machine
+  tar czf "$state/artifacts.tgz" --exclude='artifacts/build' artifacts .snakemake/metadata 2>/dev/null
+  cp "$state/artifacts.tgz" "$out/state.tgz"
+fi
+
+if [ -f "$state/pipeline.done" ] && [ ! -f "$state/gputests.done" ] && [ "$(left)" -gt 60 ]; then
+  timeout -k 10 $(( $(left) - 20 )) python3 -m pytest -q -m gpu -p no:cacheprovider -rA \
+    tests/verifier tests/platforms > "$out/gpu_tests.txt" 2>&1
+  rc=$?
+  [ $rc -ne 124 ] && [ $rc -ne 137 ] && touch "$state/gputests.done"
+  echo "gpu tests exit $rc" | tee -a "$out/session.txt"
+  tail -30 "$out/gpu_tests.txt"
+fi
+
+for suite in starter level1 level2; do
+  [ -f "$state/gputests.done" ] || break
+  [ -f "$state/baselines_$suite.done" ] && continue
+  [ "$(left)" -gt 60 ] || break
+  timeout -k 10 $(( $(left) - 10 )) python3 benchmarks/baselines.py --suite "problems/$suite" \
+    --preset full --device cuda --compile-workers 8 --markdown "$out/baselines_${suite}_h200.md" \
+    > "$out/baselines_$suite.log" 2>&1
+  rc=$?
+  [ $rc -le 1 ] && touch "$state/baselines_$suite.done"  # 1: some problems skipped
+  echo "baselines $suite exit $rc" | tee -a "$out/session.txt"
+done
+ls "$state" | tee -a "$out/session.txt"
