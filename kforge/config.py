@@ -65,12 +65,25 @@ class RoundsConfig(Strict):
 
 class VerifyConfig(Strict):
     """``preset: ci`` verifies at the small sizes while timing uses the suite's preset: for
-    GPU-scale problems whose outputs (GBs) are too large to ship to the parent and compare."""
+    GPU-scale problems whose outputs (GBs) are too large to ship to the parent and compare.
+
+    ``sanitizer: [memcheck, racecheck]`` runs each listed compute-sanitizer tool on a CUDA
+    candidate that passed (one more sandboxed run per tool, several times slower); a finding
+    fails the verdict with ``sanitizer_memcheck`` / ``sanitizer_racecheck`` and the findings as
+    repair feedback. Off (``[]``) by default; ignored on CPU platforms."""
 
     preset: Literal["suite", "ci"] = "suite"
     trials: int = Field(3, ge=1)
     timeout_s: float = Field(120.0, gt=0)
     memory_mb: int = Field(4096, ge=256)
+    sanitizer: list[Literal["memcheck", "racecheck"]] = Field(default_factory=list)
+
+    @field_validator("sanitizer")
+    @classmethod
+    def _no_repeats(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("list each compute-sanitizer tool once")
+        return value
 
 
 class ProfileConfig(Strict):

@@ -34,23 +34,35 @@ def run_verify(
     key = ctx.action_key(
         "verify", platform=platform, info=info.model_dump(mode="json"), source=compiled.source,
         problem=problem_source, policy=ctx.config.policy, preset=preset, sizes=sizes, trials=verify_cfg.trials,
+        sanitizer=list(verify_cfg.sanitizer),
     )
     cached = ctx.cached(key, VerifyRecord)
     if cached is not None:
         write_record(out, cached, ctx.store)
         return cached
+    reports: list[dict[str, object]] = []
     if not info.runnable:
         verdict = _skip(ctx, "no_device", f"{platform} cannot run here: {info.reason}")
     else:
         from kforge.verifier import verify_candidate
 
+        source = kernel.read_text()
         verdict = verify_candidate(
-            kernel.read_text(), problem_path, platform=platform, policy=ctx.config.policy,
+            source, problem_path, platform=platform, policy=ctx.config.policy,
             preset=preset, sizes=sizes, build_dir=ctx.build_dir.resolve(), trials=verify_cfg.trials, timeout_s=verify_cfg.timeout_s, memory_mb=verify_cfg.memory_mb,
         )
+        if verdict.ok and verdict.device == "cuda" and verify_cfg.sanitizer:
+            from kforge.verifier.sanitizer import apply_sanitizers
+
+            verdict, done = apply_sanitizers(
+                verdict, source, problem_path, platform=platform, tools=verify_cfg.sanitizer, preset=preset,
+                sizes=sizes, build_dir=ctx.build_dir.resolve(), timeout_s=max(300.0, verify_cfg.timeout_s),
+            )
+            reports = [r.model_dump(mode="json") for r in done]
         ctx.ledger("verify", platform=platform, problem=problem, source=compiled.source, ok=verdict.ok)
     record = VerifyRecord(
-        platform=platform, problem_source=problem_source, preset=preset, source=compiled.source, verdict=verdict
+        platform=platform, problem_source=problem_source, preset=preset, source=compiled.source, verdict=verdict,
+        sanitizer=reports,
     )
     ctx.remember(key, record, [])
     write_record(out, record, ctx.store)

@@ -1,5 +1,9 @@
 """Worker side of a candidate: import it, call it on every case with probes around each call
-(``candidate`` mode), or time it against the baselines (``profile`` mode)."""
+(``candidate`` mode), or time it against the baselines (``profile`` mode).
+
+A ``candidate`` job with ``"sanitize": true`` runs under compute-sanitizer (``sanitizer.py``):
+no torch.profiler anywhere (its CUPTI subscriber competes with the sanitizer's), the device
+synchronised right after each call so a fault is charged to that call, frames as usual."""
 
 from __future__ import annotations
 
@@ -41,11 +45,22 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _warm_without_profiler() -> None:
+    """``warm_thread_pool`` less its profiler pass (sanitized runs keep CUPTI out)."""
+    import torch._dynamo  # noqa: F401 - rewraps torch.manual_seed on import: before snapshots
+
+    a = torch.randn(1 << 18)
+    (a * a).sum()
+
+
 def _import_candidate(job: dict[str, Any], fail: Send, finish: Send) -> tuple[Any, Integrity, LaunchCounter]:
     from kforge.verifier import worker
     from kforge.verifier.worker import load_module, warm_thread_pool
 
-    warm_thread_pool()
+    if job.get("sanitize"):
+        _warm_without_profiler()
+    else:
+        warm_thread_pool()
     job["flags_before"] = precision_flags()
     counter = LaunchCounter()
     counter.install()
@@ -73,6 +88,7 @@ def run_candidate(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> 
     from kforge.verifier.worker import build_models, poison
 
     device = job["device"]
+    sanitize = bool(job.get("sanitize"))
     module, integrity, counter = _import_candidate(job, fail, finish)
     path = Path(job["problem_path"])
     models: dict[str, tuple[Any, Any]] = {}
@@ -98,7 +114,10 @@ def run_candidate(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> 
         device_kernels: list[str] = []
         try:
             with torch.no_grad():
-                if case.index == 0:
+                if sanitize:
+                    out = model(*inputs)
+                    _sync(device)
+                elif case.index == 0:
                     with profile(activities=_activities(device)) as prof:
                         out = model(*inputs)
                         _sync(device)

@@ -12,7 +12,11 @@ One code per way a candidate can fail; the generation agent reads the code, the 
     ├── outputs (parent compares) output_mismatch, shape_mismatch, dtype_mismatch, nonfinite,
     │                            aliases_input, mutates_input, rigged_output_object,
     │                            caches_outputs, shape_specialized, wrong_device
-    └── behaviour (worker probes) no_kernel_launched, async_work_left, beats_roofline
+    ├── behaviour (worker probes) no_kernel_launched, async_work_left, beats_roofline
+    └── sanitizer (opt-in, CUDA) sanitizer_memcheck, sanitizer_racecheck: compute-sanitizer
+                                 found out-of-bounds or misaligned accesses (memcheck) or a
+                                 shared-memory hazard (racecheck) in a run whose outputs passed;
+                                 ``detail`` lists the sanitizer's findings (``sanitizer.py``)
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ class Reason(StrEnum):
     NO_KERNEL_LAUNCHED = "no_kernel_launched"
     ASYNC_WORK_LEFT = "async_work_left"
     BEATS_ROOFLINE = "beats_roofline"
+    # sanitizer (verify.sanitizer in the config; sanitizer.py)
+    SANITIZER_MEMCHECK = "sanitizer_memcheck"
+    SANITIZER_RACECHECK = "sanitizer_racecheck"
 
 
 # Codes that mean "the harness or the problem failed", not the candidate: callers may retry.

@@ -8,7 +8,8 @@ import re
 import secrets
 import shutil
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from kforge.verifier.sandbox import Limits, SandboxResult, python_argv, run_sand
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DETAIL_CHARS = 1500
+COLLECT_BYTES = 1 << 20  # at most this much of each collected scratch file is read back
 WORKER_ERRORS = {r.value for r in Reason}
 
 
@@ -28,6 +30,9 @@ class JobOutcome:
     detail: str
     mode: str
     seconds: float
+    returncode: int | None = None  # the sandboxed command's exit status (None: cached)
+    files: dict[str, str] = field(default_factory=dict)  # ``collect``ed scratch files, as text
+    streams: str = ""  # the command's stdout + stderr (capped by the sandbox, not scrubbed)
 
     @property
     def done(self) -> dict[str, Any]:
@@ -74,7 +79,14 @@ def worker_env(extra: dict[str, str], scratch: Path, threads: int | None) -> dic
 def run_job(
     job: dict[str, Any], *, scratch_root: Path | None, env_extra: dict[str, str], limits: Limits,
     gpu: bool, candidate_source: str | None = None, ro_paths: list[Path] | None = None,
+    argv_prefix: Callable[[Path], list[str]] | None = None, collect: Sequence[str] = (),
 ) -> JobOutcome:
+    """Run one worker job in a fresh scratch folder (deleted afterwards).
+
+    ``argv_prefix(scratch)`` wraps the worker's command line in a tool run inside the sandbox
+    (``compute-sanitizer ... python -m kforge.verifier.worker``); the ``collect`` files (names
+    relative to the scratch folder, e.g. the tool's log) are read back before the folder goes.
+    The candidate can write there too: treat what comes back as its word, not the tool's."""
     scratch = Path(tempfile.mkdtemp(prefix="kforge-run-", dir=scratch_root))
     try:
         if candidate_source is not None:
@@ -85,16 +97,31 @@ def run_job(
         env = worker_env(env_extra, scratch, job.get("threads"))
         # Import paths under the sandbox's private /tmp must be bound read-only to stay visible.
         visible = [*(ro_paths or []), *(Path(p) for p in import_paths()[1:] if Path(p).is_dir())]
-        result = run_sandboxed(python_argv("kforge.verifier.worker"), env=env, scratch=scratch,
-                               stdin=payload, limits=limits, ro_paths=visible, gpu=gpu)
-        return interpret(result, nonce, scratch)
+        argv = [*(argv_prefix(scratch) if argv_prefix else []), *python_argv("kforge.verifier.worker")]
+        result = run_sandboxed(argv, env=env, scratch=scratch, stdin=payload, limits=limits,
+                               ro_paths=visible, gpu=gpu)
+        outcome = interpret(result, nonce, scratch)
+        outcome.files = {name: _read_capped(scratch / name) for name in collect}
+        return outcome
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _read_capped(path: Path) -> str:
+    """The head of a scratch file as text; "" when it is missing or not a plain file."""
+    try:
+        if path.is_symlink() or not path.is_file():
+            return ""
+        with path.open("rb") as fh:
+            return fh.read(COLLECT_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
 def interpret(result: SandboxResult, nonce: bytes, scratch: Path | None) -> JobOutcome:
     def out(reason: Reason | None, detail: str, frames: list[Frame] | None = None) -> JobOutcome:
-        return JobOutcome(frames or [], reason, scrub(detail, scratch), result.mode, result.seconds)
+        return JobOutcome(frames or [], reason, scrub(detail, scratch), result.mode, result.seconds,
+                          returncode=result.returncode, streams=result.stdout + result.stderr)
 
     if result.output_flood:
         return out(Reason.OUTPUT_FLOOD, "stdout/stderr exceeded the cap; the run was stopped")
