@@ -4,10 +4,28 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import SCALE_TANH, honest_with, verify
+from kforge.verifier import profile_candidate
+
+from .conftest import SCALE_TANH, assert_nothing_left, honest_with, verify
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+# A Triton kernel that stores one float 2**40 elements (4 TiB) past a tensor's start: no
+# allocation is mapped there, so the GPU raises an illegal address (error 700) for real.
+POKE = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _poke(ptr, offset):
+    tl.store(ptr + offset, 1.0)
+
+
+_CALLS = [0]
+"""
+FAR = "1 << 40"
 
 
 def _cuda(body: str, header: str = "") -> str:
@@ -15,11 +33,35 @@ def _cuda(body: str, header: str = "") -> str:
 
 
 def test_illegal_address_is_a_device_error_or_crash() -> None:
-    src = _cuda("        import ctypes\n        torch.cuda.synchronize()\n"
-                "        bad = torch.empty(0, device='cuda').data_ptr() + (1 << 40)\n"
-                "        torch.cuda.caching_allocator_delete(bad)\n        return y")
+    src = _cuda(f"        _poke[(1,)](y, {FAR})\n        return y", header=POKE)
     v = verify(src, platform="cuda", static=False)
-    assert not v.ok and v.reason in {"device_error", "crashed"}
+    assert not v.ok and v.reason in {"device_error", "crashed"}, v
+    if v.reason == "device_error":
+        assert "illegal" in v.detail.lower() or "CUDA error" in v.detail, v.detail
+    assert (torch.ones(1, device="cuda") + 1).item() == 2  # this process's GPU is unharmed
+
+
+# The verifier calls ModelNew max(trials, 4) times plus once at other sizes; the profile calls
+# it warmup + reps times. A fault after FAULT_AFTER calls passes the first, breaks the second.
+TRIALS, WARMUP, REPS = 3, 3, 20
+FAULT_AFTER = 8
+
+
+def test_cuda_error_during_timing_after_correctness_passed() -> None:
+    correctness_calls = max(TRIALS, 4) + 1
+    assert correctness_calls < FAULT_AFTER < WARMUP + REPS
+    body = ("        _CALLS[0] += 1\n"
+            f"        if _CALLS[0] > {FAULT_AFTER}:\n"
+            f"            _poke[(1,)](y, {FAR})\n"
+            "        return y")
+    src = _cuda(body, header=POKE)
+    v = verify(src, platform="cuda", static=False, trials=TRIALS)
+    assert v.ok, v  # correct on every call the verifier makes
+    p = profile_candidate(src, SCALE_TANH, platform="cuda", warmup=WARMUP, reps=REPS, timeout_s=180)
+    assert_nothing_left()
+    assert not p.ok and p.reason in {"device_error", "crashed"}, p
+    assert p.candidate is None and p.eager is None and p.compiled is None, p  # no timing stands
+    assert "speedup" not in p.extra and p.roofline_ms == 0.0, p
 
 
 def test_200_gb_gpu_allocation_is_oom() -> None:
@@ -29,8 +71,11 @@ def test_200_gb_gpu_allocation_is_oom() -> None:
 
 
 def test_side_stream_work_left_after_return() -> None:
-    body = ("        s = torch.cuda.Stream()\n        out = torch.empty_like(y)\n"
-            "        torch.cuda._sleep(100_000_000)\n"
+    # The answer lands on a side stream ~25 ms after forward returns; nothing on the current
+    # stream waits for it, so event timing there would see almost no work. (The first version
+    # of this test also slept 50 ms on the current stream, which hid the side stream's work
+    # behind it: that candidate was merely slow, and the H200 run failed the test.)
+    body = ("        torch.cuda.synchronize()\n        s = torch.cuda.Stream()\n        out = torch.empty_like(y)\n"
             "        with torch.cuda.stream(s):\n            torch.cuda._sleep(50_000_000)\n            out.copy_(y)\n"
             "        return out")
     v = verify(_cuda(body), platform="cuda", static=False)
