@@ -21,6 +21,8 @@ class Peaks(Record):
     copy_gbps: float  # buffers far larger than the last-level cache: DRAM
     matmul_gflops: float  # fp32 (TF32 off)
     cache_copy_gbps: float = 0.0  # buffers that fit in the last-level cache
+    read_gbps: float = 0.0  # a streaming reduction over the DRAM-sized buffer (reads only)
+    rated_gbps: float = 0.0  # CUDA only: the driver's memory clock x bus width (0: unknown)
     tf32_gflops: float = 0.0  # CUDA only: TF32 tensor cores, fp32 accumulate
     bf16_gflops: float = 0.0  # CUDA only
     measured_at: str = ""
@@ -36,6 +38,36 @@ def policy_matmul_gflops(peaks: Peaks, policy: str) -> float:
     if policy == "relaxed":
         return max(peaks.matmul_gflops, peaks.tf32_gflops, peaks.bf16_gflops)
     return max(peaks.matmul_gflops, peaks.tf32_gflops / 2)
+
+
+def bandwidth_ceiling(peaks: Peaks) -> float:
+    """The fastest a kernel may legitimately move bytes: the best of what was measured and the
+    device's rated DRAM bandwidth. A copy reads and writes; a pure read streams faster (an
+    honest Triton row mean read 4.4 TB/s on the H200, whose copy measured 3.8 TB/s)."""
+    return max(peaks.copy_gbps, peaks.cache_copy_gbps, peaks.read_gbps, peaks.rated_gbps)
+
+
+# CUdevice_attribute values from cuda.h (stable since CUDA 2.x)
+_CU_MEMORY_CLOCK_RATE_KHZ = 36
+_CU_GLOBAL_MEMORY_BUS_WIDTH_BITS = 37
+
+
+def rated_dram_gbps(ordinal: int = 0) -> float:
+    """2 x memory clock x bus width / 8 from the CUDA driver (``libcuda``), in GB/s; 0.0 when
+    the driver cannot be asked. DDR memory moves two words per clock."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        dev, clock_khz, bus_bits = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(dev), ordinal) != 0:
+            return 0.0
+        for value, attr in ((clock_khz, _CU_MEMORY_CLOCK_RATE_KHZ), (bus_bits, _CU_GLOBAL_MEMORY_BUS_WIDTH_BITS)):
+            if cuda.cuDeviceGetAttribute(ctypes.byref(value), attr, dev) != 0:
+                return 0.0
+    except (OSError, AttributeError):
+        return 0.0
+    return 2.0 * clock_khz.value * 1e3 * bus_bits.value / 8 / 1e9
 
 
 def device_name(device: str) -> str:
@@ -73,7 +105,7 @@ def measure_peaks(device: str, cache_dir: Path) -> Peaks:
 
     name = device_name(device)
     host = socket.gethostname()
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"v3__{host}__{device}__{name}")[:200]
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"v4__{host}__{device}__{name}")[:200]
     path = Path(cache_dir) / f"peaks-{slug}.json"
     if path.is_file():
         try:
@@ -87,6 +119,7 @@ def measure_peaks(device: str, cache_dir: Path) -> Peaks:
     n_small = 2 * 1024 * 1024  # 2 x 8 MiB: resident in a CPU's L3 or a GPU's L2
     small_src, small_dst = src[:n_small], dst[:n_small]
     small_s = _best_seconds(lambda: small_dst.copy_(small_src), device, 20)
+    read_s = _best_seconds(lambda: src.sum(), device, 10)
     size = 8192 if device == "cuda" else 1024
     a = torch.randn(size, size, device=device)
     b = torch.randn(size, size, device=device)
@@ -103,7 +136,8 @@ def measure_peaks(device: str, cache_dir: Path) -> Peaks:
         bf16 = 2 * size**3 / _best_seconds(lambda: torch.mm(ah, bh), device, 5) / 1e9
     peaks = Peaks(host=host, device=device, device_name=name,
                   copy_gbps=2 * n_copy * 4 / copy_s / 1e9, matmul_gflops=2 * size**3 / mm_s / 1e9,
-                  cache_copy_gbps=2 * n_small * 4 / small_s / 1e9,
+                  cache_copy_gbps=2 * n_small * 4 / small_s / 1e9, read_gbps=n_copy * 4 / read_s / 1e9,
+                  rated_gbps=rated_dram_gbps(torch.cuda.current_device()) if device == "cuda" else 0.0,
                   tf32_gflops=tf32, bf16_gflops=bf16, measured_at=datetime.now(UTC).isoformat(timespec="seconds"))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
