@@ -13,7 +13,9 @@ rule select:
         code=PLAN.code["select"],
         settings=PLAN.settings_digest("profile", "policy"),
         dirs=lambda w: " ".join(PLAN.round_dirs(w.agent, w.platform, w.suite, w.problem)),
-    threads: lambda w: workflow.cores if w.platform == "cpu" else 1  # CPU timing owns the machine
+    # The report's timings own the machine: on a GPU host the verify jobs of other candidates
+    # run on the same GPU, and a select that shared it timed candidate and baselines amid them.
+    threads: workflow.cores
     resources:
         gpu=lambda w: 1 if w.platform in ("triton", "cuda") else 0,
     log:
