@@ -3,6 +3,8 @@ sandboxed worker process that calls the platform's hooks (see ``kforge.worker``)
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 from typing import Protocol
 
@@ -31,6 +33,21 @@ class Platform(Protocol):
         """Extra environment for the sandboxed worker that imports and runs candidates
         (e.g. ``TRITON_INTERPRET=1`` on a CPU-only host, where prebuilt libraries live)."""
         ...
+
+
+def candidate_file(workdir: Path, source: str, name: str = "candidate.py") -> Path:
+    """Write ``source`` to ``<workdir>/candidates/<digest>/<name>`` (atomically) and return it.
+
+    Compile jobs run concurrently over one shared build folder; a path of its own per source
+    keeps one job from importing another's file. (They once shared ``<workdir>/candidate.py``:
+    on the H200 a Triton check imported a CUDA candidate written there a moment later.)"""
+    folder = Path(workdir) / "candidates" / hashlib.sha256(source.encode()).hexdigest()[:16]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    tmp = folder / f".{name}.{os.getpid()}.tmp"
+    tmp.write_text(source)
+    os.replace(tmp, path)
+    return path
 
 
 def load_example(platform: str, refs_dir: Path | None = None) -> OneShotExample:

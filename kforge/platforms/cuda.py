@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from kforge.platforms.base import candidate_file
 from kforge.platforms.cuda_runtime import BUILD_ROOT_ENV
 from kforge.schema import BuildResult, PlatformInfo
 
@@ -189,15 +190,14 @@ class CudaPlatform:
     def _nvcc_check(
         self, nvcc: str, cuda_source: str, workdir: Path, result: _Finish
     ) -> BuildResult:
-        cu = workdir / "candidate.cu"
-        obj = workdir / "candidate.o"
-        cu.write_text(cuda_source)
+        cu = candidate_file(workdir, cuda_source, "candidate.cu")
+        obj = cu.with_suffix(".o")
         cmd = [nvcc, f"-arch={self.arch}", "-O3", "-c", str(cu), "-o", str(obj), "-Xptxas", "-v"]
         if _TORCH_INCLUDE.search(cuda_source):
             cmd += _torch_include_flags()
         try:
             proc = subprocess.run(
-                cmd, cwd=workdir, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S
+                cmd, cwd=cu.parent, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S
             )
         except subprocess.TimeoutExpired:
             return result(False, f"nvcc timed out after {NVCC_TIMEOUT_S:.0f} s")
@@ -208,9 +208,8 @@ class CudaPlatform:
         return result(ok, log, str(obj) if ok else None)
 
     def _build_on_gpu(self, source: str, workdir: Path, result: _Finish) -> BuildResult:
-        path = workdir / CANDIDATE_FILE
-        path.write_text(source)
-        env = {**os.environ, **self.worker_env(workdir)}
+        path = candidate_file(workdir, source, CANDIDATE_FILE)
+        env = {**os.environ, **self.worker_env(workdir)}  # one extension root for every stage
         # The candidate imports kforge.platforms.cuda_runtime: make this checkout importable.
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
@@ -218,7 +217,7 @@ class CudaPlatform:
         try:
             proc = subprocess.run(
                 [sys.executable, "-c", _IMPORT_SCRIPT, str(path)],
-                cwd=workdir,
+                cwd=path.parent,
                 env=env,
                 capture_output=True,
                 text=True,

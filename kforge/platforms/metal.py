@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from kforge.platforms.base import candidate_file
 from kforge.schema import BuildResult, PlatformInfo
 
 CANDIDATE_FILE = "candidate.py"
@@ -110,13 +111,12 @@ class MetalPlatform:
             )
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
-        path = workdir / CANDIDATE_FILE
-        path.write_text(source)
+        path = candidate_file(workdir, source, CANDIDATE_FILE)
         env = {**os.environ, **self.worker_env(workdir)}
         try:
             proc = subprocess.run(
                 [sys.executable, "-c", _COMPILE_SCRIPT, str(path)],
-                cwd=workdir,
+                cwd=path.parent,
                 env=env,
                 capture_output=True,
                 text=True,

@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from kforge.platforms.base import candidate_file
 from kforge.schema import BuildResult, PlatformInfo
 
 CANDIDATE_FILE = "candidate.py"
@@ -181,8 +182,7 @@ class TritonPlatform:
                 log="static check failed:\n" + "\n".join(problems),
                 tool_versions=self.tool_versions(),
             )
-        path = workdir / CANDIDATE_FILE
-        path.write_text(source)
+        path = candidate_file(workdir, source, CANDIDATE_FILE)
         problem = workdir / "problem.py"
         env = {**os.environ, **self.worker_env(workdir)}
         cmd = [
@@ -194,7 +194,7 @@ class TritonPlatform:
         ]
         try:
             proc = subprocess.run(
-                cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
+                cmd, cwd=path.parent, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
             )
         except subprocess.TimeoutExpired:
             return BuildResult(

@@ -93,3 +93,22 @@ def test_broken_solution_yields_nvcc_error(tmp_path: Path) -> None:
 def test_syntax_error_is_reported_without_compiling(tmp_path: Path) -> None:
     result = get_platform("cuda").build("class ModelNew(:\n", tmp_path)
     assert not result.ok and result.log.startswith("SyntaxError")
+
+
+@needs_nvcc
+@pytest.mark.skipif(not CPU_ONLY, reason="on a GPU host build runs load_inline (see GPU tests)")
+def test_concurrent_compile_jobs_in_one_build_folder_keep_their_own_files(tmp_path: Path) -> None:
+    """Compile jobs share the store's build folder; each source gets a folder of its own, so a
+    broken candidate built beside a good one fails and the good one passes, every time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    good = load_example("cuda").solution_source
+    variant = good.replace("acc += v * v;", "acc += v * v + 0.0f;")
+    broken = good.replace("acc += v * v;", "acc += v * not_declared;")
+    platform = get_platform("cuda")
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda s: platform.build(s, tmp_path), [good, broken, variant]))
+    assert results[0].ok and results[2].ok, (results[0].log, results[2].log)
+    assert not results[1].ok and '"not_declared" is undefined' in results[1].log
+    objects = sorted((tmp_path / "candidates").glob("*/candidate.o"))
+    assert len(objects) == 2 and {Path(r.artifact or "") for r in results if r.ok} == set(objects)

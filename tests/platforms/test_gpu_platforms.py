@@ -88,7 +88,7 @@ def test_cuda_refs_build_verify_time(tmp_path: Path, monkeypatch: pytest.MonkeyP
     (tmp_path / "problem.py").write_text(example.problem_source)
     problem = load_file(tmp_path / "problem.py", "cuda_ref_problem")
     sys.path.insert(0, str(ROOT))
-    solution = load_file(tmp_path / "candidate.py", "cuda_ref_solution")
+    solution = load_file(next((tmp_path / "candidates").glob("*/candidate.py")), "cuda_ref_solution")
     built = list((tmp_path / "cuda_ext").iterdir())
     assert len(built) == 1 and built[0].name.startswith("kf_cuda_")  # reused, not rebuilt
     verify_and_time(problem, solution, tol=1e-5)

@@ -108,7 +108,7 @@ def test_static_check_catches_missing_pieces() -> None:
 def test_build_reports_syntax_error_without_running(tmp_path: Path) -> None:
     result = get_platform("triton").build("class ModelNew(:\n  pass\n", tmp_path)
     assert not result.ok and "SyntaxError" in result.log
-    assert not (tmp_path / "candidate.py").exists()
+    assert not (tmp_path / "candidates").exists()  # nothing written, nothing run
 
 
 def test_build_reports_import_error(tmp_path: Path) -> None:
@@ -143,3 +143,18 @@ def test_generated_kernels_match_torch(
 ) -> None:
     result = interpreted_results[2 + index]
     assert result["ok"], (GENERATED_CASES[index], result)
+
+
+def test_concurrent_builds_in_one_folder_check_their_own_source(tmp_path: Path) -> None:
+    """Two candidates built at once in the shared build folder: each check imports its own
+    file (they once shared ``<build>/candidate.py``, and a check imported another job's)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    good = load_example("triton").solution_source
+    bad = good + "\nraise RuntimeError('boom at import')\n"
+    platform = get_platform("triton")
+    with ThreadPoolExecutor(2) as pool:
+        ok, failed = pool.map(lambda s: platform.build(s, tmp_path), [good, bad])
+    assert ok.ok, ok.log
+    assert not failed.ok and "boom at import" in failed.log
+    assert len(list((tmp_path / "candidates").glob("*/candidate.py"))) == 2
