@@ -61,6 +61,15 @@ def test_5_mutating_and_aliasing_inputs() -> None:
     assert verify(honest_with("        return x[:]")).reason in {"aliases_input", "output_mismatch"}
 
 
+def test_5_changing_how_inputs_are_made_is_named_apart_from_writing_them() -> None:
+    # At import the candidate makes float64 the default: the inputs it is called on are no
+    # longer the reference's, before it runs at all.
+    v = verify(honest_with("        return y", header="torch.set_default_dtype(torch.float64)"), static=False)
+    assert v.reason == "mutates_input" and "before the call" in v.detail, v
+    written = verify(honest_with("        x.add_(1.0)\n        return y"))
+    assert written.reason == "mutates_input" and "during the call" in written.detail, written
+
+
 def test_5_returning_an_input_view_is_aliasing() -> None:
     # y is written into a view of nothing new: the output object shares the input's storage
     src = honest_with("        out = x.new_empty(0).set_(x.untyped_storage(), 0, x.shape, x.stride())\n        return out")
