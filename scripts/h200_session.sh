@@ -22,6 +22,12 @@ export PYTHONPATH="$PWD/.kforge-site":$PWD${PYTHONPATH:+:$PYTHONPATH}
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 echo "commit $commit (plus the working tree as copied), start $(date -u +%FT%TZ)" | tee "$out/session.txt"
 
+code=$(find kforge -type f \( -name '*.py' -o -name '*.md' \) | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)
+if [ -f "$state/code" ] && [ "$(cat "$state/code")" != "$code" ]; then  # see docs/GPU.md
+  echo "WARNING: kforge/ changed since this run began: verify, profile and select redo their work" | tee -a "$out/session.txt"
+fi
+[ -f "$state/code" ] || echo "$code" > "$state/code"
+
 if [ ! -f "$state/pipeline.done" ] && [ "$(left)" -gt 60 ]; then
   GPU_PIPELINE_TIMEOUT=$(( $(left) - 40 )) bash scripts/gpu_pipeline.sh "$wheels" "${KFORGE_SESSION_CONFIG:-configs/h200.yaml}" "$out/pipeline"
   rc=$?
