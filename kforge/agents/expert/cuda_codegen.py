@@ -37,7 +37,7 @@ from kforge.agents.expert.cuda_gemm import SMEM_LIMIT, gemm_parts, smem_bytes, t
 from kforge.agents.expert.cuda_kernels import CudaParts, elementwise_parts, row_reduction_parts
 from kforge.agents.expert.cuda_pointwise import CUDA_PRELUDE
 from kforge.agents.expert.graph import KernelGraph, UnsupportedError
-from kforge.agents.expert.triton_codegen import PlanError
+from kforge.agents.expert.triton_codegen import PlanError, module_helpers
 
 PRECISIONS = {"strict": ("fp32",), "relaxed": ("fp32", "tf32")}
 POW2_KEYS = (
@@ -236,26 +236,6 @@ def _param_setup(graph: KernelGraph) -> list[str]:
     return lines or ["        pass"]
 
 
-_HELPERS = '''
-
-def _state(module: nn.Module, name: str) -> torch.Tensor:
-    """A parameter or buffer by its dotted state_dict name."""
-    owner, _, leaf = name.rpartition(".")
-    return getattr(module.get_submodule(owner) if owner else module, leaf)
-
-
-def _register(module: nn.Module, name: str, shape: list) -> None:
-    """A parameter under its reference state_dict name (``a.b.weight`` -> submodules a.b)."""
-    *path, leaf = name.split(".")
-    for part in path:
-        if not hasattr(module, part):
-            module.add_module(part, nn.Module())
-        module = getattr(module, part)
-    value = torch.ones(shape) if leaf == "weight" else torch.zeros(shape)
-    module.register_parameter(leaf, nn.Parameter(value, requires_grad=False))
-'''
-
-
 def generate_cuda(
     graph: KernelGraph, plan: dict[str, Any], policy: str, problem_source: str | None = None
 ) -> str:
@@ -290,14 +270,14 @@ def generate_cuda(
         extra, init = reference_init(problem_source)
         imports = list(dict.fromkeys([*imports, *extra]))
         init_lines = textwrap.indent(init.rstrip(), "    ").split("\n")
-        helpers = _HELPERS.split("\n\ndef _register")[0] + "\n"
+        helpers = "\n\n" + module_helpers(register=False) + "\n"
     else:
         init_lines = [
             "    def __init__(self, *args, **kwargs):",
             "        super().__init__()",
             *_param_setup(graph),
         ]
-        helpers = _HELPERS
+        helpers = "\n\n" + module_helpers(register=True)
     inputs = ", ".join(t.name for t in graph.inputs)
     call = ", ".join(_py_tensor(graph, n) for n in names)
     return (
