@@ -8,14 +8,13 @@ reference in one sandboxed process, with a kernel table, a roofline and clock te
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 from kforge.schema import KernelStat, Profile, Timing
 from kforge.verifier.peaks import Peaks, bandwidth_ceiling
 from kforge.verifier.reasons import Reason
-from kforge.verifier.runner import run_job
+from kforge.verifier.runner import build_folder, run_job
 from kforge.verifier.sandbox import Limits
 from kforge.verifier.telemetry import read_clocks
 from kforge.verifier.timing import speedup
@@ -66,8 +65,7 @@ def profile_candidate(
         device = plat.device()
     except (UnknownPlatformError, ImportError) as err:
         return Profile(ok=False, reason=Reason.HARNESS_ERROR.value, detail=str(err))
-    build = Path(build_dir) if build_dir else Path(os.environ.get(
-        "KFORGE_BUILD_DIR", Path.home() / ".cache" / "kforge" / platform))
+    build = build_folder(platform, build_dir)
     problem_path = Path(problem_path).resolve()
     job = {"mode": "profile", "problem_path": str(problem_path), "preset": preset, "sizes": sizes,
            "device": device, "model_seed": MODEL_SEED, "baselines": baselines, "warmup": warmup,

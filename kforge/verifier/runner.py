@@ -57,6 +57,14 @@ def import_paths() -> list[str]:
     return [str(REPO_ROOT), *extra]
 
 
+def build_folder(platform: str, build_dir: Path | str | None) -> Path:
+    """Where a platform's built kernels are: ``build_dir``, else ``$KFORGE_BUILD_DIR``, else
+    ``~/.cache/kforge/<platform>``."""
+    if build_dir:
+        return Path(build_dir)
+    return Path(os.environ.get("KFORGE_BUILD_DIR", Path.home() / ".cache" / "kforge" / platform))
+
+
 def worker_env(extra: dict[str, str], scratch: Path, threads: int | None) -> dict[str, str]:
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),

@@ -38,7 +38,7 @@ from pydantic import BaseModel, Field
 from kforge.schema import Verdict
 from kforge.verifier.inputs import plan_cases
 from kforge.verifier.reasons import Reason
-from kforge.verifier.runner import JobOutcome, run_job, scrub
+from kforge.verifier.runner import JobOutcome, build_folder, run_job, scrub
 from kforge.verifier.sandbox import Limits
 
 Tool = Literal["memcheck", "racecheck"]
@@ -189,8 +189,7 @@ def sanitize_candidate(
         return unavailable(Reason.HARNESS_ERROR, f"{type(err).__name__}: {err}")
     if not info.runnable:
         return unavailable(Reason.NO_DEVICE, f"platform {platform} cannot run here: {info.reason}")
-    build = Path(build_dir) if build_dir else Path(os.environ.get(
-        "KFORGE_BUILD_DIR", Path.home() / ".cache" / "kforge" / platform))
+    build = build_folder(platform, build_dir)
     report = run_sanitizer(source, Path(problem_path), exe=exe, tool=tool, device=device, env=plat.worker_env(build),
                            preset=preset, sizes=sizes, build_dir=build, timeout_s=timeout_s)
     report.seconds = time.monotonic() - start

@@ -27,7 +27,7 @@ from kforge.verifier.correctness import judge
 from kforge.verifier.inputs import plan_cases
 from kforge.verifier.protocol import Frame
 from kforge.verifier.reasons import Reason
-from kforge.verifier.runner import JobOutcome, run_job
+from kforge.verifier.runner import JobOutcome, build_folder, run_job
 from kforge.verifier.sandbox import Limits
 
 MODEL_SEED = 42
@@ -110,7 +110,7 @@ def run_verification(
         return verdict(Reason.HARNESS_ERROR, str(err))
     if not info.runnable:
         return verdict(Reason.NO_DEVICE, f"platform {platform} cannot run here: {info.reason}", device=device)
-    build = Path(build_dir) if build_dir else Path(os.environ.get("KFORGE_BUILD_DIR", Path.home() / ".cache" / "kforge" / platform))
+    build = build_folder(platform, build_dir)
     env = plat.worker_env(build)
     gpu = device == "cuda"
     limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, max_pids=max_pids)

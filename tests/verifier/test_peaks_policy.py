@@ -59,3 +59,4 @@ def test_rated_bandwidth_without_a_cuda_driver_is_unknown_not_an_error() -> None
         assert value == 0.0
     else:  # a driver without a device answers an error code: still no exception
         assert value >= 0.0
+

@@ -214,3 +214,15 @@ def test_sandbox_has_read_only_root_private_tmp_and_no_network(tmp_path: Path) -
         assert lines[1] == "True" or str(tmp_path).startswith("/tmp")
         assert lines[2] == "['lo']"
     assert subprocess.run(["true"]).returncode == 0
+
+
+def test_build_folder_default_order(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    from kforge.verifier.runner import build_folder
+
+    monkeypatch.delenv("KFORGE_BUILD_DIR", raising=False)
+    assert build_folder("triton", None) == Path.home() / ".cache" / "kforge" / "triton"
+    monkeypatch.setenv("KFORGE_BUILD_DIR", "/srv/builds")
+    assert build_folder("triton", None) == Path("/srv/builds")
+    assert build_folder("triton", "/given") == Path("/given")
