@@ -308,11 +308,16 @@ def _check_inputs(module: types.ModuleType, fail: Callable[[str, str], ProblemEr
 def reference_case(
     problem: LoadedProblem, seed: int = 0, device: str | torch.device = "cpu"
 ) -> tuple[torch.nn.Module, list[Any]]:
-    """The seeded reference model and inputs (KernelBench order: seed, init, seed, inputs)."""
+    """The seeded reference model and inputs (KernelBench order: seed, init, seed, inputs).
+
+    On a GPU the inputs are drawn there (``device`` as the default device): full-size inputs
+    are GBs, seconds of CPU sampling each."""
     torch.manual_seed(seed)
     model = problem.Model(*problem.get_init_inputs()).to(device)
     torch.manual_seed(seed)
-    inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in problem.get_inputs()]
+    with torch.device(device):
+        raw = problem.get_inputs()
+    inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in raw]
     return model, inputs
 
 

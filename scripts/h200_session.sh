@@ -4,7 +4,7 @@
 # Phases, in order, each skipped once done (markers in .h200-state/, which survives while the
 # device machine stays warm, or comes back as a carried folder):
 #   pipeline   scripts/gpu_pipeline.sh over configs/h200.yaml (resumes a cut run)
-#   gputests   pytest -m gpu for the verifier's and the platforms' GPU rows
+#   gputests   pytest -m gpu for the verifier's and the platforms' GPU rows (3 files at once)
 #   baselines  benchmarks/baselines.py --preset full --device cuda for starter, level1, level2
 # SECONDS bounds the whole call; each phase gets what is left, less a reserve for packing up.
 set -uo pipefail
@@ -33,15 +33,24 @@ if [ ! -f "$state/pipeline.done" ] && [ "$(left)" -gt 60 ]; then
   rc=$?
   [ $rc -ne 124 ] && [ $rc -ne 137 ] && touch "$state/pipeline.done"  # finished, failed jobs or not
   echo "pipeline exit $rc" | tee -a "$out/session.txt"
+  # ninja's logs of the CUDA extension builds: did a verify worker rebuild what compile built?
+  find artifacts/build -name .ninja_log -print0 2>/dev/null | tar czf "$out/ninja_logs.tgz" --null -T - 2>/dev/null
   # the run's state, small enough to carry back into a cold machine
   tar czf "$state/artifacts.tgz" --exclude='artifacts/build' artifacts .snakemake/metadata 2>/dev/null
   cp "$state/artifacts.tgz" "$out/state.tgz"
 fi
 
 if [ -f "$state/pipeline.done" ] && [ ! -f "$state/gputests.done" ] && [ "$(left)" -gt 60 ]; then
-  timeout -k 10 $(( $(left) - 20 )) python3 -m pytest -q -m gpu -p no:cacheprovider -rA \
-    tests/verifier tests/platforms > "$out/gpu_tests.txt" 2>&1
-  rc=$?
+  # The three GPU test files at once (correctness rows, no timing floors; builds use the cores).
+  pids=()
+  for f in tests/verifier/test_gpu_faults.py tests/verifier/test_gpu_sanitizer.py tests/platforms/test_gpu_platforms.py; do
+    timeout -k 10 $(( $(left) - 20 )) python3 -m pytest -q -m gpu -p no:cacheprovider -rA "$f" \
+      > "$out/gpu_tests_$(basename "$f" .py).txt" 2>&1 &
+    pids+=($!)
+  done
+  rc=0
+  for pid in "${pids[@]}"; do wait "$pid"; r=$?; [ $r -gt $rc ] && rc=$r; done
+  cat "$out"/gpu_tests_test_*.txt > "$out/gpu_tests.txt"
   [ $rc -ne 124 ] && [ $rc -ne 137 ] && touch "$state/gputests.done"
   echo "gpu tests exit $rc" | tee -a "$out/session.txt"
   tail -30 "$out/gpu_tests.txt"

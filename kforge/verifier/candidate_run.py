@@ -187,7 +187,7 @@ def run_profile(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> No
     try:
         problem = load_case_problem(Path(job["problem_path"]), job["preset"], job.get("sizes"))
         ref, new = build_models(problem, module.ModelNew, job["model_seed"], device)
-        args = make_inputs(problem, Case(0, job["model_seed"], "native", None), device)
+        args = make_inputs(problem, Case(0, job["model_seed"], "native", None), device, draw_on_device=True)
     except Exception as exc:  # noqa: BLE001
         fail("crashed", exc)
     fns: dict[str, Callable[[], Any]] = {"candidate": lambda: new(*args)}

@@ -72,14 +72,24 @@ def _redraw(t: torch.Tensor, dist: str, gen: torch.Generator) -> torch.Tensor:
     raise ValueError(f"unknown input distribution {dist!r}")
 
 
-def make_inputs(module: Any, case: Case, device: str) -> list[Any]:
-    """The inputs of one case: ``get_inputs()`` under the case's seed, redrawn, on ``device``."""
+def make_inputs(module: Any, case: Case, device: str, *, draw_on_device: bool = False) -> list[Any]:
+    """The inputs of one case: ``get_inputs()`` under the case's seed, redrawn, on ``device``.
+
+    ``draw_on_device`` runs ``get_inputs()`` with ``device`` as the default device: the timing
+    path's full-size inputs (GBs) come from the GPU's generator in milliseconds instead of
+    seconds of CPU sampling. Correctness cases keep CPU draws (the same values on every host)."""
     torch.manual_seed(case.seed)
-    raw = list(module.get_inputs())
+    if draw_on_device and device != "cpu":
+        with torch.device(device):
+            raw = list(module.get_inputs())
+    else:
+        raw = list(module.get_inputs())
     gen = torch.Generator().manual_seed(case.seed + 1)
     out: list[Any] = []
     for value in raw:
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) and (case.dist == "native" or not value.is_floating_point()):
+            value = value.detach().to(device)  # no round trip through the host
+        elif isinstance(value, torch.Tensor):
             value = _redraw(value.detach().cpu(), case.dist, gen).to(device)
         out.append(value)
     return out

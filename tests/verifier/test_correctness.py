@@ -5,7 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from kforge.verifier.correctness import compare
-from kforge.verifier.inputs import alternative_sizes, plan_cases
+import types
+
+import torch
+
+from kforge.verifier.inputs import Case, alternative_sizes, make_inputs, plan_cases
 
 from .conftest import FIXTURES, HONEST, verify
 
@@ -36,6 +40,24 @@ def test_case_plan_covers_distributions_and_other_sizes() -> None:
     assert len({c.seed for c in cases}) == len(cases)
     assert cases[-1].sizes == {"rows": 49}
     assert alternative_sizes({"rows": 64, "k": 3})[0] == {"rows": 49, "k": 3}
+
+
+def test_timing_inputs_are_drawn_on_the_device_and_correctness_inputs_on_the_host() -> None:
+    seen: list[str] = []
+
+    def get_inputs() -> list[torch.Tensor]:
+        x = torch.randn(4, 8)
+        seen.append(x.device.type)
+        return [x, torch.arange(3)]
+
+    problem = types.SimpleNamespace(get_inputs=get_inputs)
+    timed = make_inputs(problem, Case(0, 7, "native", None), "meta", draw_on_device=True)
+    assert seen == ["meta"] and [t.device.type for t in timed] == ["meta", "meta"]
+    checked = make_inputs(problem, Case(0, 7, "heavy", None), "meta")
+    assert seen[-1] == "cpu" and [t.device.type for t in checked] == ["meta", "meta"]
+    on_cpu = make_inputs(problem, Case(0, 7, "native", None), "cpu", draw_on_device=True)
+    again = make_inputs(problem, Case(0, 7, "native", None), "cpu")
+    assert torch.equal(on_cpu[0], again[0])  # the host path is unchanged by the option
 
 
 def test_degenerate_problem_is_flagged_in_the_verdict() -> None:
