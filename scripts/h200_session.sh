@@ -68,3 +68,7 @@ for suite in starter level1 level2; do
   echo "baselines $suite exit $rc" | tee -a "$out/session.txt"
 done
 ls "$state" | tee -a "$out/session.txt"
+# A call brings back at most 8 files: everything but these two goes into one tarball.
+( cd "$out" && find . -type f ! -name session.txt ! -name state.tgz ! -name results.tgz -print0 \
+    | tar czf results.tgz --null -T - --remove-files ) 2>/dev/null
+find "$out" -mindepth 1 -type d -empty -delete 2>/dev/null

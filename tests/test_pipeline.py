@@ -33,7 +33,7 @@ def test_report_has_a_verified_timed_row_per_problem(run: dict) -> None:
     table = [dict(zip(cols, r, strict=True)) for r in rows]
     assert [r["problem"] for r in table] == ["elementwise_gelu_scale", "gemm_bias_relu", "softmax_rows"]
     for r in table:
-        assert r["status"] == "verified", r
+        assert r["status"] == "verified", (r["problem"], r["status"], r["detail"])  # pytest cuts a dict short
         assert r["policy"] == "strict"
         assert r["candidate_ms"] > 0 and r["eager_ms"] > 0 and r["compile_ms"] > 0
         assert r["speedup_vs_best"] == pytest.approx(min(r["eager_ms"], r["compile_ms"]) / r["candidate_ms"], rel=1e-3)

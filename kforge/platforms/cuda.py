@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -208,21 +209,22 @@ class CudaPlatform:
         return result(ok, log, str(obj) if ok else None)
 
     def _build_on_gpu(self, source: str, workdir: Path, result: _Finish) -> BuildResult:
+        from kforge.verifier.runner import worker_env
+
         path = candidate_file(workdir, source, CANDIDATE_FILE)
-        env = {**os.environ, **self.worker_env(workdir)}  # one extension root for every stage
-        # The candidate imports kforge.platforms.cuda_runtime: make this checkout importable.
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
-        )
         try:
-            proc = subprocess.run(
-                [sys.executable, "-c", _IMPORT_SCRIPT, str(path)],
-                cwd=path.parent,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=GPU_BUILD_TIMEOUT_S,
-            )
+            with tempfile.TemporaryDirectory(prefix="kf-cuda-build-") as home:
+                # The verify and profile workers' environment (same extension root, compiler,
+                # CUDA root, arch list; this checkout importable), so they reuse this build.
+                env = worker_env(self.worker_env(workdir), Path(home), threads=None)
+                proc = subprocess.run(
+                    [sys.executable, "-c", _IMPORT_SCRIPT, str(path)],
+                    cwd=path.parent,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=GPU_BUILD_TIMEOUT_S,
+                )
         except subprocess.TimeoutExpired:
             return result(False, f"extension build timed out after {GPU_BUILD_TIMEOUT_S:.0f} s")
         return result(

@@ -30,6 +30,30 @@ def test_worker_env_points_at_build_folder(tmp_path: Path) -> None:
     assert env == {BUILD_ROOT_ENV: str(tmp_path / "cuda_ext")}
 
 
+def test_gpu_build_runs_in_the_workers_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch writes CC, the CUDA root and the arch list into an extension's build commands: the
+    compile stage's build and the verify worker must see the same ones, or ninja rebuilds."""
+    import json
+
+    import kforge.platforms.cuda as cuda
+    from kforge.verifier.runner import worker_env
+
+    dump = tmp_path / "env.json"
+    script = f"import json, os; open({str(dump)!r}, 'w').write(json.dumps(dict(os.environ)))"
+    monkeypatch.setattr(cuda, "_IMPORT_SCRIPT", script)
+    for key, value in {"CC": "/opt/gcc-13/bin/gcc", "CUDA_PATH": "/opt/cuda-x", "TORCH_CUDA_ARCH_LIST": "9.0a",
+                       "KFORGE_UNRELATED": "1"}.items():
+        monkeypatch.setenv(key, value)
+    result = cuda.PLATFORM._build_on_gpu(load_example("cuda").solution_source, tmp_path,
+                                         lambda ok, log, artifact=None: (ok, log))
+    assert result[0], result[1]
+    built = json.loads(dump.read_text())
+    worker = worker_env(cuda.PLATFORM.worker_env(tmp_path), tmp_path / "scratch", threads=None)
+    for key in ("CC", "CUDA_PATH", "TORCH_CUDA_ARCH_LIST", "PATH", "PYTHONPATH", BUILD_ROOT_ENV):
+        assert built.get(key) == worker.get(key), key
+    assert built["CC"] == "/opt/gcc-13/bin/gcc" and "KFORGE_UNRELATED" not in built
+
+
 def test_extract_constants_of_refs_solution() -> None:
     consts = extract_constants(load_example("cuda").solution_source)
     assert "__global__" in str(consts["CUDA_SOURCE"])

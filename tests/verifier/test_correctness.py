@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import numpy as np
-
-from kforge.verifier.correctness import compare
 import types
 
+import numpy as np
 import torch
 
+from kforge.verifier.correctness import compare
 from kforge.verifier.inputs import Case, alternative_sizes, make_inputs, plan_cases
 
 from .conftest import FIXTURES, HONEST, verify
