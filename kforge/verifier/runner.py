@@ -111,8 +111,9 @@ def run_job(
         nonce = secrets.token_bytes(16)
         payload = json.dumps(dict(job, nonce=nonce.hex())).encode()
         env = worker_env(env_extra, scratch, job.get("threads"))
-        # Import paths under the sandbox's private /tmp must be bound read-only to stay visible.
-        visible = [*(ro_paths or []), *(Path(p) for p in import_paths()[1:] if Path(p).is_dir())]
+        # Import paths under the sandbox's private /tmp (a checkout or a wheel folder there) must
+        # be bound read-only to stay visible.
+        visible = [*(ro_paths or []), *(Path(p) for p in import_paths() if Path(p).is_dir())]
         argv = [*(argv_prefix(scratch) if argv_prefix else []), *python_argv("kforge.verifier.worker")]
         result = run_sandboxed(argv, env=env, scratch=scratch, stdin=payload, limits=limits,
                                ro_paths=visible, gpu=gpu)

@@ -111,7 +111,7 @@ def _reference_case(job: dict[str, Any], case: Any, cache: dict[str, Any]) -> tu
     from torch.profiler import ProfilerActivity, profile
 
     from kforge.verifier.inputs import digest, load_case_problem, make_inputs, tensors_in
-    from kforge.verifier.probes import encode_tensor, profile_events
+    from kforge.verifier.probes import encode_tensor, precision_flags, profile_events
 
     device = job["device"]
     sizes = case.sizes if case.sizes is not None else job.get("sizes")
@@ -140,13 +140,20 @@ def _reference_case(job: dict[str, Any], case: Any, cache: dict[str, Any]) -> tu
         metas.append(meta)
         blobs.append(blob)
     header = {"kind": "case", "index": case.index, "dist": case.dist, "sizes": sizes, "outputs": metas,
-              "digest": before, "ops": ops, "deterministic": same}
+              "digest": before, "ops": ops, "deterministic": same, "flags": precision_flags()}
     return header, blobs
 
 
 def run_reference(job: dict[str, Any]) -> None:
+    import torch
+
     from kforge.verifier.inputs import Case, alternative_sizes, load_case_problem
 
+    # The ground truth is the fp32 answer. PyTorch runs cuDNN convolutions in TF32 by default
+    # (~1e-3 relative error on a GPU, ten times the strict tolerance): an exact fp32 candidate
+    # would fail against it. Candidates are judged against what they may not switch on.
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
     cache: dict[str, Any] = {}
     path = Path(job["problem_path"])
     for raw in job["cases"]:

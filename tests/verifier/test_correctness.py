@@ -67,3 +67,21 @@ def test_degenerate_problem_is_flagged_in_the_verdict() -> None:
     )
     v = verify(zeros, FIXTURES / "zero_out.py")
     assert "degenerate" in v.detail and "zero_output_passes" in v.detail
+
+
+def test_reference_is_computed_with_tf32_off() -> None:
+    """PyTorch's default cuDNN TF32 would make a conv reference ~1e-3 off the fp32 answer."""
+    from kforge.verifier.inputs import Case
+    from kforge.verifier.sandbox import Limits
+    from kforge.verifier.verify import _reference
+
+    from .conftest import SCALE_TANH
+
+    assert torch.backends.cudnn.allow_tf32  # PyTorch's default, here in the parent
+    job = {"mode": "reference", "problem_path": str(SCALE_TANH), "preset": "ci", "sizes": None,
+           "cases": [Case(0, 11, "native", None).to_json()], "device": "cpu", "model_seed": 0}
+    out = _reference(job, scratch=None, env={}, limits=Limits(timeout_s=120, memory_mb=None), gpu=False,
+                     ro_paths=[SCALE_TANH.parent])
+    assert out.reason is None, out.detail
+    flags = [f.header["flags"] for f in out.frames if f.header.get("kind") == "case"]
+    assert flags and all(not f["cudnn_allow_tf32"] and not f["cuda_matmul_allow_tf32"] for f in flags)
