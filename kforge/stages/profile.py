@@ -22,6 +22,18 @@ def host_peaks(ctx: StageContext, device: str):  # type: ignore[no-untyped-def]
     return peaks.model_copy(update={"matmul_gflops": policy_matmul_gflops(peaks, ctx.config.policy)})
 
 
+def fresh_peaks(ctx: StageContext, device: str):  # type: ignore[no-untyped-def]
+    """A measurement of the peaks taken now (not the host's cached one), under the run's policy."""
+    import tempfile
+
+    from kforge.verifier import measure_peaks
+    from kforge.verifier.peaks import policy_matmul_gflops
+
+    with tempfile.TemporaryDirectory(prefix="kforge-peaks-") as folder:
+        peaks = measure_peaks(device, Path(folder))
+    return peaks.model_copy(update={"matmul_gflops": policy_matmul_gflops(peaks, ctx.config.policy)})
+
+
 def run_profile(
     ctx: StageContext, *, platform: str, suite: str, problem: str, kernel: Path, verify_record: Path, out: Path
 ) -> ProfileRecord:
@@ -48,6 +60,7 @@ def run_profile(
             preset=suite_cfg.preset, sizes=suite_cfg.sizes, build_dir=ctx.build_dir.resolve(),
             baselines=False, warmup=prof.warmup, reps=prof.reps, threads=prof.threads,
             timeout_s=prof.timeout_s, peaks=host_peaks(ctx, verified.verdict.device),
+            remeasure=lambda: fresh_peaks(ctx, verified.verdict.device),
         )
         if prof.ncu and profile.ok and profile.device == "cuda":
             from kforge.verifier.ncu import ncu_metrics

@@ -9,6 +9,7 @@ reference in one sandboxed process, with a kernel table, a roofline and clock te
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kforge.schema import KernelStat, Profile, Timing
@@ -23,8 +24,29 @@ from kforge.verifier.verify import MODEL_SEED
 ROOFLINE_SLACK = 0.9  # faster than 90% of the roofline floor is impossible, not impressive
 
 
-def roofline(profile: Profile, peaks: Peaks | None) -> Profile:
-    """Fill achieved rates, peaks and roofline; flag a candidate faster than physics allows."""
+RATES = ("copy_gbps", "cache_copy_gbps", "read_gbps", "rated_gbps", "matmul_gflops", "tf32_gflops", "bf16_gflops")
+
+
+def best_of(a: Peaks, b: Peaks) -> Peaks:
+    """Each rate at the better of two measurements (a ceiling measured slow is no ceiling)."""
+    return a.model_copy(update={k: max(getattr(a, k), getattr(b, k)) for k in RATES})
+
+
+def _floor_ms(profile: Profile, peaks: Peaks) -> float:
+    # The floor must be a true lower bound: a working set that fits in cache streams faster
+    # than DRAM (a 1.2 ms row max on this CPU was flagged against the DRAM-only floor), and a
+    # pure read faster than a copy (an H200 row mean was flagged against the copy rate).
+    bandwidth = bandwidth_ceiling(peaks)
+    return 1e3 * max(profile.flops / (peaks.matmul_gflops * 1e9), profile.min_bytes / (bandwidth * 1e9))
+
+
+def roofline(profile: Profile, peaks: Peaks | None, remeasure: Callable[[], Peaks] | None = None) -> Profile:
+    """Fill achieved rates, peaks and roofline; flag a candidate faster than physics allows.
+
+    ``peaks`` are measured once per host; measured while the host was busy they are too low and
+    the floor too high (a 2-core CI machine measured 72 GFLOP/s under load, 123 idle, and
+    flagged an honest GEMM). So before flagging, ``remeasure`` (if given) measures again, now,
+    and each rate counts at the better of the two; only a candidate below that floor is flagged."""
     cand = profile.candidate
     if cand is None or cand.median_ms <= 0:
         return profile
@@ -34,18 +56,22 @@ def roofline(profile: Profile, peaks: Peaks | None) -> Profile:
     if peaks is None:
         profile.extra["roofline"] = "no peaks given"
         return profile
+    floor = _floor_ms(profile, peaks)
+    if floor > 0 and cand.median_ms < ROOFLINE_SLACK * floor and remeasure is not None:
+        try:
+            peaks = best_of(peaks, remeasure())
+        except Exception as err:  # noqa: BLE001 - keep the cached peaks and their verdict
+            profile.extra["peaks_remeasured"] = f"failed: {type(err).__name__}: {err}"[:300]
+        else:
+            profile.extra["peaks_remeasured"] = {k: round(getattr(peaks, k), 1) for k in RATES}
+            floor = _floor_ms(profile, peaks)
     profile.peak_gflops, profile.peak_gbps = peaks.matmul_gflops, bandwidth_ceiling(peaks)
-    # The floor must be a true lower bound: a working set that fits in cache streams faster
-    # than DRAM (a 1.2 ms row max on this CPU was flagged against the DRAM-only floor), and a
-    # pure read faster than a copy (an H200 row mean was flagged against the copy rate).
-    bandwidth = bandwidth_ceiling(peaks)
-    floor_s = max(profile.flops / (peaks.matmul_gflops * 1e9), profile.min_bytes / (bandwidth * 1e9))
-    profile.roofline_ms = floor_s * 1e3
-    beats = profile.roofline_ms > 0 and cand.median_ms < ROOFLINE_SLACK * profile.roofline_ms
+    profile.roofline_ms = floor
+    beats = floor > 0 and cand.median_ms < ROOFLINE_SLACK * floor
     profile.extra["beats_roofline"] = beats
     if beats:
         profile.ok, profile.reason = False, Reason.BEATS_ROOFLINE.value
-        profile.detail = (f"{cand.median_ms:.4g} ms is below the roofline floor {profile.roofline_ms:.4g} ms: "
+        profile.detail = (f"{cand.median_ms:.4g} ms is below the roofline floor {floor:.4g} ms: "
                           "the timing or the kernel is not honest")
     return profile
 
@@ -54,9 +80,10 @@ def profile_candidate(
     source: str, problem_path: Path, *, platform: str, preset: str = "ci",
     sizes: dict[str, int] | None = None, build_dir: Path | None = None, baselines: bool = False,
     warmup: int = 3, reps: int = 20, threads: int | None = None, timeout_s: float = 300,
-    peaks: Peaks | None = None,
+    peaks: Peaks | None = None, remeasure: Callable[[], Peaks] | None = None,
 ) -> Profile:
-    """Timing record of one candidate; never raises for anything the candidate does."""
+    """Timing record of one candidate; never raises for anything the candidate does.
+    ``remeasure`` re-measures the peaks before a flag (see :func:`roofline`)."""
     from kforge.platforms import UnknownPlatformError, get_platform
 
     start = time.monotonic()
@@ -98,4 +125,4 @@ def profile_candidate(
     if prof.candidate is not None and base:
         ratio, note = speedup(prof.candidate, base)
         prof.extra["speedup"], prof.extra["speedup_note"] = ratio, note
-    return roofline(prof, peaks) if prof.ok else prof
+    return roofline(prof, peaks, remeasure) if prof.ok else prof
