@@ -98,6 +98,17 @@ def _build(module: types.ModuleType, device: str) -> tuple[torch.nn.Module, list
     return model, inputs
 
 
+def flop_fraction(module: types.ModuleType) -> float:
+    """The problem's optional ``FLOP_FRACTION``: the share of the counted FLOPs a kernel must
+    really do. The counter sees the reference's math (causal attention: full QK^T and PV, then
+    a mask), not the work a kernel can skip; a roofline on the full count would flag the very
+    kernel the problem asks for."""
+    value = getattr(module, "FLOP_FRACTION", 1.0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise ValueError(f"FLOP_FRACTION must be a number in (0, 1], not {value!r}")
+    return float(value)
+
+
 def flops_and_bytes(problem: LoadedProblem) -> tuple[float, float]:
     """(FLOPs, minimum bytes) of one reference forward at the problem's effective sizes."""
     try:
@@ -105,7 +116,7 @@ def flops_and_bytes(problem: LoadedProblem) -> tuple[float, float]:
     except Exception:  # noqa: BLE001 - some forwards cannot run on meta: count on the CPU
         torch.manual_seed(0)
         flops, nbytes, _ = count_costs(*_build(problem.module, "cpu"))
-    return flops, nbytes
+    return flops * flop_fraction(problem.module), nbytes
 
 
 # --------------------------------------------------------------------------- ci shrink

@@ -95,6 +95,31 @@ def test_problem_meta_uses_cost_counts() -> None:
     assert meta.category == "gemm" and meta.degenerate == []
 
 
+def test_causal_attention_floor_counts_only_the_unmasked_half() -> None:
+    causal = load_problem(LEVEL1 / "042_causal_attention.py", preset="ci")
+    full = load_problem(LEVEL1 / "041_attention.py", preset="ci")
+    assert causal.module.FLOP_FRACTION == 0.5
+    with torch.device("meta"):  # as flops_and_bytes counts: SDPA decomposes into its math
+        counted = count_costs(causal.module.Model(), causal.get_inputs())[0]
+        plain = count_costs(full.module.Model(), full.get_inputs())[0]
+    assert counted > 2 * 2 * 4 * 256 * 256 * 64  # QK^T and PV were counted
+    assert flops_and_bytes(causal)[0] == counted / 2
+    assert flops_and_bytes(full)[0] == plain
+
+
+def test_flop_fraction_outside_zero_one_is_an_error() -> None:
+    import types
+
+    import pytest
+
+    from kforge.problem_cost import flop_fraction
+
+    for bad in (0, 1.5, "half", True):
+        with pytest.raises(ValueError, match="FLOP_FRACTION"):
+            flop_fraction(types.SimpleNamespace(FLOP_FRACTION=bad))  # type: ignore[arg-type]
+    assert flop_fraction(types.SimpleNamespace()) == 1.0  # type: ignore[arg-type]
+
+
 def test_generic_shrink_respects_budget_and_small_constants() -> None:
     source = textwrap.dedent(
         """
