@@ -40,7 +40,6 @@ NVCC_TIMEOUT_S = 180.0
 GPU_BUILD_TIMEOUT_S = 600.0
 LOG_LIMIT = 8000
 _Finish = Callable[..., BuildResult]
-REPO_ROOT = Path(__file__).resolve().parents[2]
 _TORCH_INCLUDE = re.compile(r"#\s*include\s*[<\"](torch|ATen|c10|pybind11)/")
 
 _IMPORT_SCRIPT = r"""
