@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
 from pathlib import Path
 from typing import Protocol
 
@@ -48,6 +49,17 @@ def candidate_file(workdir: Path, source: str, name: str = "candidate.py") -> Pa
     tmp.write_text(source)
     os.replace(tmp, path)
     return path
+
+
+def run_child(
+    cmd: list[str], cwd: Path, timeout_s: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str] | None:
+    """Run a build or check command (output captured as text); None when it ran past
+    ``timeout_s`` (the adapter says what timed out)."""
+    try:
+        return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def load_example(platform: str, refs_dir: Path | None = None) -> OneShotExample:

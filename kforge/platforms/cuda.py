@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kforge.platforms.base import candidate_file
+from kforge.platforms.base import candidate_file, run_child
 from kforge.platforms.cuda_runtime import BUILD_ROOT_ENV
 from kforge.schema import BuildResult, PlatformInfo
 
@@ -195,11 +195,8 @@ class CudaPlatform:
         cmd = [nvcc, f"-arch={self.arch}", "-O3", "-c", str(cu), "-o", str(obj), "-Xptxas", "-v"]
         if _TORCH_INCLUDE.search(cuda_source):
             cmd += _torch_include_flags()
-        try:
-            proc = subprocess.run(
-                cmd, cwd=cu.parent, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S
-            )
-        except subprocess.TimeoutExpired:
+        proc = run_child(cmd, cu.parent, NVCC_TIMEOUT_S)
+        if proc is None:
             return result(False, f"nvcc timed out after {NVCC_TIMEOUT_S:.0f} s")
         log = f"$ nvcc -arch={self.arch} -O3 -c candidate.cu\n{proc.stdout}{proc.stderr}"
         ok = proc.returncode == 0
@@ -211,20 +208,13 @@ class CudaPlatform:
         from kforge.verifier.runner import worker_env
 
         path = candidate_file(workdir, source, CANDIDATE_FILE)
-        try:
-            with tempfile.TemporaryDirectory(prefix="kf-cuda-build-") as home:
-                # The verify and profile workers' environment (same extension root, compiler,
-                # CUDA root, arch list; this checkout importable), so they reuse this build.
-                env = worker_env(self.worker_env(workdir), Path(home), threads=None)
-                proc = subprocess.run(
-                    [sys.executable, "-c", _IMPORT_SCRIPT, str(path)],
-                    cwd=path.parent,
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                    timeout=GPU_BUILD_TIMEOUT_S,
-                )
-        except subprocess.TimeoutExpired:
+        with tempfile.TemporaryDirectory(prefix="kf-cuda-build-") as home:
+            # The verify and profile workers' environment (same extension root, compiler,
+            # CUDA root, arch list; this checkout importable), so they reuse this build.
+            env = worker_env(self.worker_env(workdir), Path(home), threads=None)
+            proc = run_child([sys.executable, "-c", _IMPORT_SCRIPT, str(path)], path.parent,
+                             GPU_BUILD_TIMEOUT_S, env)
+        if proc is None:
             return result(False, f"extension build timed out after {GPU_BUILD_TIMEOUT_S:.0f} s")
         return result(
             proc.returncode == 0,

@@ -13,12 +13,11 @@ import ast
 import importlib.util
 import os
 import platform as host_platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from kforge.platforms.base import candidate_file
+from kforge.platforms.base import candidate_file, run_child
 from kforge.schema import BuildResult, PlatformInfo
 
 CANDIDATE_FILE = "candidate.py"
@@ -113,16 +112,8 @@ class MetalPlatform:
         workdir.mkdir(parents=True, exist_ok=True)
         path = candidate_file(workdir, source, CANDIDATE_FILE)
         env = {**os.environ, **self.worker_env(workdir)}
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-c", _COMPILE_SCRIPT, str(path)],
-                cwd=path.parent,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=BUILD_TIMEOUT_S,
-            )
-        except subprocess.TimeoutExpired:
+        proc = run_child([sys.executable, "-c", _COMPILE_SCRIPT, str(path)], path.parent, BUILD_TIMEOUT_S, env)
+        if proc is None:
             return BuildResult(
                 ok=False, seconds=time.perf_counter() - start, log="Metal compile timed out"
             )

@@ -22,12 +22,11 @@ import ast
 import importlib.metadata
 import importlib.util
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from kforge.platforms.base import candidate_file
+from kforge.platforms.base import candidate_file, run_child
 from kforge.schema import BuildResult, PlatformInfo
 
 CANDIDATE_FILE = "candidate.py"
@@ -192,11 +191,8 @@ class TritonPlatform:
             str(path),
             str(problem) if problem.is_file() else "",
         ]
-        try:
-            proc = subprocess.run(
-                cmd, cwd=path.parent, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
-            )
-        except subprocess.TimeoutExpired:
+        proc = run_child(cmd, path.parent, BUILD_TIMEOUT_S, env)
+        if proc is None:
             return BuildResult(
                 ok=False,
                 seconds=time.perf_counter() - start,

@@ -12,25 +12,20 @@ from kforge.stages.context import StageContext, read_record, write_record
 from kforge.stages.records import ProfileRecord, VerifyRecord
 
 
-def host_peaks(ctx: StageContext, device: str):  # type: ignore[no-untyped-def]
+def host_peaks(ctx: StageContext, device: str, *, fresh: bool = False):  # type: ignore[no-untyped-def]
     """Device peaks (copy bandwidth, matmul rate), measured once per host and cached; the
-    matmul ceiling is the fastest precision the run's policy allows."""
-    from kforge.verifier import measure_peaks
-    from kforge.verifier.peaks import policy_matmul_gflops
-
-    peaks = measure_peaks(device, ctx.root / "host")
-    return peaks.model_copy(update={"matmul_gflops": policy_matmul_gflops(peaks, ctx.config.policy)})
-
-
-def fresh_peaks(ctx: StageContext, device: str):  # type: ignore[no-untyped-def]
-    """A measurement of the peaks taken now (not the host's cached one), under the run's policy."""
+    matmul ceiling is the fastest precision the run's policy allows. ``fresh``: measured now,
+    not read from the host's cache (the roofline's second look before it flags)."""
     import tempfile
 
     from kforge.verifier import measure_peaks
     from kforge.verifier.peaks import policy_matmul_gflops
 
-    with tempfile.TemporaryDirectory(prefix="kforge-peaks-") as folder:
-        peaks = measure_peaks(device, Path(folder))
+    if fresh:
+        with tempfile.TemporaryDirectory(prefix="kforge-peaks-") as folder:
+            peaks = measure_peaks(device, Path(folder))
+    else:
+        peaks = measure_peaks(device, ctx.root / "host")
     return peaks.model_copy(update={"matmul_gflops": policy_matmul_gflops(peaks, ctx.config.policy)})
 
 
@@ -60,7 +55,7 @@ def run_profile(
             preset=suite_cfg.preset, sizes=suite_cfg.sizes, build_dir=ctx.build_dir.resolve(),
             baselines=False, warmup=prof.warmup, reps=prof.reps, threads=prof.threads,
             timeout_s=prof.timeout_s, peaks=host_peaks(ctx, verified.verdict.device),
-            remeasure=lambda: fresh_peaks(ctx, verified.verdict.device),
+            remeasure=lambda: host_peaks(ctx, verified.verdict.device, fresh=True),
         )
         if prof.ncu and profile.ok and profile.device == "cuda":
             from kforge.verifier.ncu import ncu_metrics

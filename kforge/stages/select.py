@@ -75,7 +75,7 @@ def run_select(ctx: StageContext, *, round_dirs: list[Path], out: Path) -> Selec
     )
     hit = ctx.store.action_get(key)
     if hit is None:
-        from kforge.stages.profile import fresh_peaks, host_peaks
+        from kforge.stages.profile import host_peaks
         from kforge.verifier import profile_candidate
 
         start = time.perf_counter()
@@ -84,7 +84,7 @@ def run_select(ctx: StageContext, *, round_dirs: list[Path], out: Path) -> Selec
             platform=first.platform, preset=suite_cfg.preset, sizes=suite_cfg.sizes,
             build_dir=ctx.build_dir.resolve(), baselines=True, warmup=prof.warmup, reps=prof.reps,
             threads=prof.threads, timeout_s=prof.timeout_s, peaks=host_peaks(ctx, verdicts[best].verdict.device),
-            remeasure=lambda: fresh_peaks(ctx, verdicts[best].verdict.device),
+            remeasure=lambda: host_peaks(ctx, verdicts[best].verdict.device, fresh=True),
         )
         hit = {"profile": ctx.store.put_json(profile), "seconds": round(time.perf_counter() - start, 3)}
         ctx.ledger("select", platform=first.platform, problem=first.problem, source=best_source)

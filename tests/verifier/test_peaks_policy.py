@@ -99,3 +99,25 @@ def test_peaks_measured_under_load_are_measured_again_before_a_flag() -> None:
         real = roofline(Profile(ok=True, candidate=instant, **gemm), busy,
                         lambda: measure_peaks("cpu", Path(d)))
     assert real.reason == "beats_roofline" and isinstance(real.extra["peaks_remeasured"], dict)
+
+
+def test_stage_peaks_fresh_measures_now_and_leaves_the_host_cache_alone(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    from kforge.config import parse_config
+    from kforge.stages.context import StageContext
+    from kforge.stages.profile import host_peaks
+    from kforge.store import Store
+
+    repo = Path(__file__).resolve().parents[2]
+    config = parse_config({
+        "store": str(tmp_path / "artifacts"), "agents": {"expert": {"kind": "expert"}},
+        "suites": {"s": {"path": str(repo / "problems" / "starter")}},
+        "run": {"agents": ["expert"], "platforms": ["cpu"], "suites": ["s"]},
+    })
+    ctx = StageContext(config=config, store=Store(config.store))
+    fresh = host_peaks(ctx, "cpu", fresh=True)
+    assert fresh.matmul_gflops > 0 and fresh.copy_gbps > 0
+    assert not (ctx.root / "host").exists()  # a second look, not the run's cached peaks
+    cached = host_peaks(ctx, "cpu")
+    assert list((ctx.root / "host").glob("peaks-*.json")) and host_peaks(ctx, "cpu") == cached
