@@ -23,7 +23,7 @@ from kforge.problems import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-SUITES = {"starter": 10, "level1": 30, "level2": 30}
+SUITES = {"starter": 10, "level1": 30, "level2": 50}
 CATEGORIES = {
     "elementwise", "reduction", "normalization", "gemm", "gemm_epilogue", "conv",
     "conv_epilogue", "pooling", "scan", "loss", "attention", "softmax",
@@ -259,3 +259,15 @@ def test_real_problems_are_not_degenerate() -> None:
         assert meta.source_digest == hashlib.sha256(problem.source.encode()).hexdigest()
         assert meta.suite == "starter" and meta.preset == "ci" and meta.flops > 0
         assert math.isclose(meta.min_bytes, meta.min_bytes) and meta.min_bytes > 0
+
+
+def test_level2_gemm_tail_problems_flags() -> None:
+    """034-053 (KernelBench-style GEMM / BMM + tail problems): none is degenerate, except the
+    training-mode dropout one, whose reference is random on purpose and must be flagged."""
+    level2 = sorted((ROOT / "problems" / "level2").glob("*.py"))
+    paths = [p for p in level2 if 34 <= int(p.name[:3]) <= 53]
+    assert len(paths) == 20
+    for path in paths:
+        meta = problem_meta(load_problem(path, suite="level2", preset="ci"))
+        expected = ["nondeterministic"] if path.stem == "044_gemm_dropout_train_gelu" else []
+        assert meta.error is None and meta.degenerate == expected, (path.stem, meta)
