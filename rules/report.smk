@@ -3,10 +3,11 @@ def _rounds(w, names):
 
 
 rule select:
-    """Best verified round, re-timed against eager and torch.compile in one process."""
+    """Best verified round, re-timed against eager and torch.compile in one process; the ship rule."""
     input:
         rounds=lambda w: _rounds(w, ("kernel.py", "candidate.json", "verify.json", "profile.json", "analysis.json")),
         peaks=f"{ROOT}/host/peaks-{{platform}}.json",
+        problem=f"{ROOT}/problems/{{suite}}/{{problem}}.json",
     output:
         f"{RUN}/best.json",
     params:
@@ -21,7 +22,7 @@ rule select:
     log:
         f"{RUN}/select.log",
     shell:
-        "{STAGE} select --config {CFG} --inputs {params.dirs} --out {output} > {log} 2>&1"
+        "{STAGE} select --config {CFG} --inputs {params.dirs} --problem-record {input.problem} --out {output} > {log} 2>&1"
 
 
 rule tables:

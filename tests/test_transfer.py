@@ -42,8 +42,8 @@ def test_round_zero_prompt_carries_the_other_platforms_kernel(tmp_path: Path) ->
     cpu_kernel = (REPO / "refs" / "cpu" / "solution.py").read_text()
     best = tmp_path / "best.json"
     write_record(best, SelectionRecord(
-        agent="expert", platform="cpu", suite="s", problem=PROBLEM, policy="strict", status="verified",
-        rounds_used=1, best_round=0, best_source=ctx.store.put_text(cpu_kernel),
+        agent="expert", platform="cpu", suite="s", problem=PROBLEM, policy="strict", status="no_gain",
+        verified=True, rounds_used=1, best_round=0, best_source=ctx.store.put_text(cpu_kernel),
     ), ctx.store)
     record = generate_with(ctx, tmp_path, best)
     assert record.used["transfer"] == record_digest(best)

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     elif a.stage == "select":
         from kforge.stages.select import run_select
 
-        run_select(ctx, round_dirs=a.inputs, out=a.out)
+        run_select(ctx, round_dirs=a.inputs, out=a.out, problem_record=a.problem_record)
     elif a.stage == "tables":
         from kforge.stages.report import run_tables
 

@@ -34,7 +34,7 @@ def run_generate(
     used = {"problem": record_digest(problem_record), "example": record_digest(example_record)}
     if transfer_record is not None:  # cross-platform transfer: the other platform's best kernel
         best = read_record(transfer_record, SelectionRecord)
-        if best.status == "verified" and best.best_source:
+        if best.verified and best.status in ("shipped", "no_gain") and best.best_source:
             request.transfer_source = ctx.store.get_text(best.best_source)
             request.transfer_platform = best.platform
             used["transfer"] = record_digest(transfer_record)

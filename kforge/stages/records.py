@@ -103,7 +103,9 @@ class SelectionRecord(Record):
     suite: str
     problem: str
     policy: Policy
-    status: str  # "verified", "failed", "unavailable", "compiled_only", "roofline_flagged"
+    # "shipped", or why not: "no_gain", "failed", "roofline_flagged", "nondeterministic_reference",
+    # "verified_interpreted", "compiled_only", "unavailable" (see kforge.stages.select)
+    status: str
     detail: str = ""
     rounds_used: int
     best_round: int | None = None
@@ -124,3 +126,10 @@ class SelectionRecord(Record):
     wall_s: float = 0.0
     selection_profile: str | None = None  # blob digest of the same-run timing Profile
     transfer_from: str | None = None  # platform whose verified kernel seeded round 0
+    verified: bool = False  # the best round passed the verifier and is trusted (KernelBench "correct")
+    shipped: bool = False  # the ship rule passed: this kernel is the answer
+    shipped_speedup: float = 1.0  # speedup of the answer: speedup_vs_best when shipped, else 1.0
+    ship_threshold: float | None = None  # the ratio the candidate had to exceed (noise band)
+    eager_cv: float | None = None
+    compile_cv: float | None = None
+    inputs: str | None = None  # blob digest of the manifest of verifier code, prompts, agent, environment

@@ -3,18 +3,21 @@
 ``artifacts/tables/<kind>.parquet`` holds one row per stage record (candidates, compiles,
 verifications, profiles, analyses), plus ``transcripts`` (every agent call) and ``lineage``
 (W3C PROV-style edges: entity wasGeneratedBy activity, activity used entity).
-``artifacts/report.parquet`` has one row per agent x platform x problem. All of it can be
-queried with DuckDB, e.g. ``duckdb -c "select * from 'artifacts/report.parquet'"``.
+``artifacts/report.parquet`` has one row per agent x platform x problem and
+``artifacts/summary.parquet`` one row of suite metrics per agent x platform x suite x policy
+(``kforge.summary``). All of it can be queried with ``kforge query`` (DuckDB views).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 from kforge.stages.context import StageContext
-from kforge.stages.records import SelectionRecord
+from kforge.stages.records import SelectionRecord, VerifyRecord
+from kforge.store import Store, StoreError
 
 KINDS = {
     "candidate.json": "candidates",
@@ -49,7 +52,7 @@ def _write_table(rows: list[dict[str, Any]], out: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    columns = sorted({k for r in rows for k in r})
+    columns = list(dict.fromkeys(k for r in rows for k in r))  # first-seen order
     table = pa.table({c: [r.get(c) for r in rows] for c in columns}) if rows else pa.table({"empty": pa.array([], pa.int8())})
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".parquet.tmp")
@@ -58,8 +61,6 @@ def _write_table(rows: list[dict[str, Any]], out: Path) -> None:
 
 
 def run_tables(ctx: StageContext, *, records: list[Path], out_dir: Path) -> None:
-    import hashlib
-
     runs = ctx.root / "runs"
     tables: dict[str, list[dict[str, Any]]] = {name: [] for name in TABLES}
     for path in records:
@@ -93,15 +94,48 @@ REPORT_COLUMNS = (
     "agent", "platform", "suite", "problem", "status", "policy", "rounds_used", "best_round", "best_candidate",
     "best_source", "candidate_ms", "eager_ms", "compile_ms", "speedup_vs_eager", "speedup_vs_compile",
     "speedup_vs_best", "candidate_cv", "device", "prompt_tokens", "completion_tokens", "cost_usd", "wall_s",
-    "transfer_from", "detail",
+    "transfer_from", "detail", "verified", "shipped", "shipped_speedup", "ship_threshold", "eager_cv",
+    "compile_cv", "selection_profile", "inputs",
 )
 
 
-def run_report(ctx: StageContext, *, selections: list[Path], out: Path) -> None:
-    rows = []
-    for path in selections:
-        record = SelectionRecord.model_validate_json(path.read_bytes())
-        data = record.model_dump(mode="json")
-        rows.append({c: data[c] for c in REPORT_COLUMNS})
+def report_row(path: Path, store: Store) -> dict[str, Any]:
+    """One report row from a ``best.json``: the selection, plus the winner's error margin (its
+    verify record) and roofline position (its same-run timing profile), where there is one."""
+    raw = path.read_bytes()
+    record = SelectionRecord.model_validate_json(raw)
+    data = record.model_dump(mode="json")
+    row: dict[str, Any] = {c: data[c] for c in REPORT_COLUMNS}
+    row.update({"selection": hashlib.sha256(raw).hexdigest(), "run_dir": str(path.parent), "kernel_path": None,
+                "atol": None, "rtol": None, "max_abs_err": None, "rel_err_norm": None,
+                "roofline_ms": None, "roofline_fraction": None})
+    if record.best_round is not None:
+        rdir = path.parent / f"r{record.best_round}"
+        row["kernel_path"] = str(rdir / "kernel.py")
+        if (rdir / "verify.json").is_file():
+            verdict = VerifyRecord.model_validate_json((rdir / "verify.json").read_bytes()).verdict
+            row.update(atol=verdict.atol, rtol=verdict.rtol, max_abs_err=verdict.max_abs_err,
+                       rel_err_norm=verdict.rel_err_norm)
+    if record.selection_profile and record.candidate_ms:
+        try:
+            roofline = float(store.get_json(record.selection_profile).get("roofline_ms") or 0.0)
+        except StoreError:
+            roofline = 0.0
+        if roofline > 0:  # 1.0: at the roofline; 0.1: ten times slower than the device allows
+            row.update(roofline_ms=roofline, roofline_fraction=round(roofline / record.candidate_ms, 4))
+    return row
+
+
+def report_rows(selections: list[Path], store: Store) -> list[dict[str, Any]]:
+    rows = [report_row(path, store) for path in selections]
     rows.sort(key=lambda r: (r["agent"], r["platform"], r["suite"], r["problem"]))
+    return rows
+
+
+def run_report(ctx: StageContext, *, selections: list[Path], out: Path, summary_out: Path | None = None) -> None:
+    """``report.parquet`` (one row per cell) and beside it ``summary.parquet`` (suite metrics)."""
+    from kforge.summary import summarize
+
+    rows = report_rows(selections, ctx.store)
     _write_table(rows, out)
+    _write_table(summarize(rows), summary_out or out.with_name("summary.parquet"))

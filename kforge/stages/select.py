@@ -1,23 +1,94 @@
-"""Stage `select`: pick the best verified round and time it against eager and torch.compile.
+"""Stage `select`: pick the best verified round, time it against eager and torch.compile, and
+decide whether it ships.
 
 The winner is re-timed in one process together with both baselines (alternated), so every
-speedup in the report compares numbers taken in the same run. A candidate faster than the
-roofline allows is flagged and never selected.
+speedup in the report compares numbers taken in the same run. The ship rule: a kernel ships only
+when it verified on the device, its problem's reference is deterministic, it is not faster than
+the roofline allows, and it beats the faster of eager and torch.compile beyond the noise band,
+``ratio > 1 + max(2 * sqrt(cv_candidate^2 + cv_baseline^2), 0.02)`` (the same band as
+``kforge.verifier.timing.speedup``; cv is the coefficient of variation of the repetitions). Every
+other row says why in its status (``no_gain``, ``failed``, ``roofline_flagged``,
+``nondeterministic_reference``, ``verified_interpreted``, ``compiled_only``, ``unavailable``) and
+its shipped answer is the PyTorch reference: ``shipped_speedup`` 1.0. The candidate itself stays
+in the store, the run folder and the tables.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import math
+import platform as host_platform
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from kforge.stages.context import StageContext, read_record, record_digest, write_record
+from kforge.schema import ProblemMeta
+from kforge.stages.context import (
+    PACKAGE_DIR,
+    STAGE_CODE,
+    StageContext,
+    code_digest,
+    read_record,
+    record_digest,
+    write_record,
+)
 from kforge.stages.records import (
     AnalysisRecord,
     CandidateRecord,
+    CompileRecord,
     ProfileRecord,
     SelectionRecord,
     VerifyRecord,
 )
+
+NOISE_FLOOR = 0.02  # a ratio within 2% of 1.0 is never a gain, however quiet the timing
+NOISE_K = 2.0  # how many combined CVs a gain must clear
+NOT_SHIPPED = 1.0  # the shipped answer of a row that does not ship: the PyTorch reference
+
+
+def ship_threshold(candidate_cv: float, baseline_cv: float) -> float:
+    """The speedup a candidate must exceed to ship (see the module docstring)."""
+    return round(1.0 + max(NOISE_FLOOR, NOISE_K * math.hypot(candidate_cv, baseline_cv)), 4)
+
+
+def is_nondeterministic(problem_record: Path | None) -> bool:
+    """The problem stage flags a reference that disagrees with itself on the same inputs."""
+    if problem_record is None or not Path(problem_record).is_file():
+        return False
+    meta = read_record(problem_record, ProblemMeta)
+    return "nondeterministic" in meta.degenerate
+
+
+def inputs_manifest(ctx: StageContext, agent: str, round_dir: Path, device: str) -> str:
+    """Store what the winner was made and judged with that no stage record names by digest (the
+    verifier's code, the prompt files, the agent settings, the environment), each file as a blob;
+    return the digest of the manifest. Prompts are the files as of this job: the transcripts
+    hold the exact messages each agent call saw."""
+    from kforge.agents.prompting import PROMPTS_DIR
+
+    store = ctx.store
+    files: set[Path] = set()
+    for pattern in STAGE_CODE["verify"]:
+        files.update(p for p in PACKAGE_DIR.glob(pattern) if p.is_file())
+    verifier = {f"kforge/{p.relative_to(PACKAGE_DIR)}": store.put_bytes(p.read_bytes()) for p in sorted(files)}
+    prompts = {p.name: store.put_bytes(p.read_bytes()) for p in sorted(PROMPTS_DIR.glob("*.md"))}
+    compiled = round_dir / "compile.json"
+    tools = read_record(compiled, CompileRecord).tool_versions if compiled.is_file() else {}
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = "absent"
+    environment = {
+        "python": sys.version.split()[0], "os": host_platform.platform(), "machine": host_platform.machine(),
+        "torch": torch_version, "device": device, "tool_versions": tools,
+    }
+    manifest = {
+        "verifier_code": verifier, "verifier_code_digest": code_digest("verify"), "prompts": prompts,
+        "agent": store.put_json(ctx.config.agents[agent].model_dump(mode="json")),
+        "environment": store.put_json(environment),
+    }
+    return store.put_json(manifest)
 
 
 def _status_without_winner(verdicts: list[VerifyRecord]) -> tuple[str, str]:
@@ -32,7 +103,9 @@ def _status_without_winner(verdicts: list[VerifyRecord]) -> tuple[str, str]:
     return "failed", f"{last.reason}: {last.detail}"[:500]
 
 
-def run_select(ctx: StageContext, *, round_dirs: list[Path], out: Path) -> SelectionRecord:
+def run_select(
+    ctx: StageContext, *, round_dirs: list[Path], out: Path, problem_record: Path | None = None
+) -> SelectionRecord:
     cands = [read_record(d / "candidate.json", CandidateRecord) for d in round_dirs]
     verdicts = [read_record(d / "verify.json", VerifyRecord) for d in round_dirs]
     profiles = [read_record(d / "profile.json", ProfileRecord) for d in round_dirs]
@@ -58,11 +131,23 @@ def run_select(ctx: StageContext, *, round_dirs: list[Path], out: Path) -> Selec
     ]
     flagged = {i for i, p in enumerate(profiles) if p.profile and p.profile.extra.get("beats_roofline")}
     eligible = sorted((ms, i) for ms, i in timed if i not in flagged)
-    if not eligible:
+    nondeterministic = is_nondeterministic(problem_record)
+    if not eligible or nondeterministic:
         status, detail = _status_without_winner(verdicts)
         if flagged:
             status, detail = "roofline_flagged", "every verified round beat the roofline: not trusted, not shipped"
-        record = SelectionRecord(**common, status=status, detail=detail, wall_s=round(wall, 3))
+        verified = status == "verified_interpreted"
+        extra: dict[str, Any] = {}
+        if nondeterministic:
+            status, verified = "nondeterministic_reference", False
+            detail = "the reference gives different outputs on the same inputs: no candidate can be judged, not shipped"
+            if eligible:  # keep the best candidate on record (never timed, never shipped)
+                i = eligible[0][1]
+                extra = {"best_round": i, "best_candidate": record_digest(round_dirs[i] / "candidate.json"),
+                         "best_source": verdicts[i].source}
+        record = SelectionRecord(**common, **extra, status=status, detail=detail, verified=verified,
+                                 interpreted=status == "verified_interpreted", wall_s=round(wall, 3))
+        _progress(record)
         write_record(out, record, ctx.store)
         return record
 
@@ -93,29 +178,60 @@ def run_select(ctx: StageContext, *, round_dirs: list[Path], out: Path) -> Selec
 
     profile = Profile.model_validate(ctx.store.get_json(hit["profile"]))
     record = _timed_record(common, profile, best, best_dir, best_source, hit, wall)
+    record.inputs = inputs_manifest(ctx, first.agent, best_dir, profile.device)
+    _progress(record)
     write_record(out, record, ctx.store)
     return record
+
+
+def _progress(record: SelectionRecord) -> None:
+    """One line per finished cell, for the job log (``kforge report`` shows the cells so far)."""
+    ratio = f" {record.speedup_vs_best:.2f}x vs best baseline" if record.speedup_vs_best else ""
+    print(f"select: {record.agent}/{record.platform}/{record.suite}/{record.problem}: {record.status}{ratio}",
+          file=sys.stderr, flush=True)
 
 
 def _ratio(base: float | None, cand: float) -> float | None:
     return round(base / cand, 4) if base and cand > 0 else None
 
 
+def ship_status(ratio: float | None, threshold: float | None, flagged: bool) -> tuple[str, str]:
+    """The ship rule on a verified, timed candidate: ``shipped`` or why not."""
+    if flagged:
+        return "roofline_flagged", "faster than the roofline allows: not trusted, not shipped"
+    if ratio is None or threshold is None:
+        return "failed", "no baseline was timed: nothing to compare against, not shipped"
+    if ratio > threshold:
+        return "shipped", f"{ratio:.2f}x the faster baseline (ship threshold {threshold:.2f}x)"
+    return "no_gain", (f"{ratio:.2f}x the faster baseline, not above the ship threshold {threshold:.2f}x "
+                       "(1 + max(2 x combined CV, 2%)): the PyTorch reference is the answer")
+
+
 def _timed_record(common: dict, profile, best: int, best_dir: Path, best_source, hit: dict, wall: float) -> SelectionRecord:  # type: ignore[no-untyped-def,type-arg]
     if not profile.ok or profile.candidate is None:
         return SelectionRecord(
             **common, status="failed", detail=f"timing against baselines failed: {profile.reason} {profile.detail}"[:500],
-            best_round=best, wall_s=round(wall + hit["seconds"], 3), selection_profile=hit["profile"],
+            best_round=best, verified=True, wall_s=round(wall + hit["seconds"], 3), selection_profile=hit["profile"],
         )
     cand = profile.candidate.median_ms
     eager = profile.eager.median_ms if profile.eager else None
     compiled = profile.compiled.median_ms if profile.compiled else None
-    baselines = [b for b in (eager, compiled) if b]
+    timed = [t for t in (profile.eager, profile.compiled) if t and t.median_ms]
+    faster = min(timed, key=lambda t: t.median_ms) if timed else None
+    ratio = _ratio(faster.median_ms, cand) if faster else None
+    threshold = ship_threshold(profile.candidate.cv, faster.cv) if faster else None
     flagged = bool(profile.extra.get("beats_roofline"))
+    status, detail = ship_status(ratio, threshold, flagged)
     return SelectionRecord(
         **common,
-        status="roofline_flagged" if flagged else "verified",
-        detail="faster than the roofline allows: not trusted, not shipped" if flagged else "",
+        status=status,
+        detail=detail,
+        verified=not flagged,
+        shipped=status == "shipped",
+        shipped_speedup=ratio if status == "shipped" and ratio else NOT_SHIPPED,
+        ship_threshold=threshold,
+        eager_cv=round(profile.eager.cv, 4) if profile.eager else None,
+        compile_cv=round(profile.compiled.cv, 4) if profile.compiled else None,
         best_round=best,
         best_candidate=record_digest(best_dir / "candidate.json"),
         best_source=best_source,
@@ -125,7 +241,7 @@ def _timed_record(common: dict, profile, best: int, best_dir: Path, best_source,
         candidate_cv=round(profile.candidate.cv, 4),
         speedup_vs_eager=_ratio(eager, cand),
         speedup_vs_compile=_ratio(compiled, cand),
-        speedup_vs_best=_ratio(min(baselines), cand) if baselines else None,
+        speedup_vs_best=ratio,
         device=profile.device,
         wall_s=round(wall + hit["seconds"], 3),
         selection_profile=hit["profile"],
