@@ -73,7 +73,7 @@ def ncu_metrics(source: str, problem_path: Path, *, platform: str, preset: str, 
                "candidate_path": str(scratch / "candidate.py"), "nonce": secrets.token_hex(16)}
         log = scratch / "ncu.csv"
         argv = [ncu, "--target-processes", "all", "--clock-control", "none", "--csv", "--log-file", str(log),
-                "--launch-count", "40", "--metrics", ",".join(METRICS), *python_argv("kforge.verifier.worker")]
+                "--launch-count", "40", "--metrics", ",".join(METRICS), *python_argv("kforge.verifier.worker_main")]
         visible = [build_dir, problem_path.parent, *(Path(p) for p in import_paths()[1:] if Path(p).is_dir())]
         result = run_sandboxed(argv, env=worker_env(plat.worker_env(build_dir), scratch, None), scratch=scratch,
                                stdin=json.dumps(job).encode(), limits=Limits(timeout_s=timeout_s, memory_mb=None),

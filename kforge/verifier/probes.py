@@ -62,6 +62,7 @@ class Integrity:
 
     def __init__(self, harness: list[tuple[Any, str, list[str]]]) -> None:
         self.watch: dict[str, tuple[Any, str, Any]] = {}
+        self.cells: dict[str, tuple[int, ...]] = {}
         self._add(time, "time", ["perf_counter", "perf_counter_ns", "time", "monotonic", "sleep"])
         self._add(os, "os", ["_exit", "write", "fork"])
         self._add(builtins, "builtins", ["isinstance", "type", "len", "print", "open", "id"])
@@ -79,14 +80,32 @@ class Integrity:
     def _add(self, owner: Any, label: str, names: list[str]) -> None:
         for name in names:
             if hasattr(owner, name):
-                self.watch[f"{label}.{name}"] = (owner, name, inspect.getattr_static(owner, name))
+                value = inspect.getattr_static(owner, name)
+                self.watch[f"{label}.{name}"] = (owner, name, value)
+                self.cells[f"{label}.{name}"] = _cells(value)
 
     def changed(self) -> list[str]:
+        """What was rebound, and functions whose code, defaults or closure cells changed."""
         moved = []
         for key, (owner, name, original) in self.watch.items():
             if inspect.getattr_static(owner, name, None) is not original:
                 moved.append(key)
+            elif _cells(original) != self.cells[key]:
+                moved.append(f"{key} (code, defaults or closure)")
         return moved
+
+
+def _cells(fn: Any) -> tuple[int, ...]:
+    """Identities of a plain function's code, defaults and closure cell contents."""
+    if not inspect.isfunction(fn):
+        return ()
+    ids = [id(fn.__code__), id(fn.__defaults__), id(fn.__kwdefaults__)]
+    for cell in fn.__closure__ or ():
+        try:
+            ids.append(id(cell.cell_contents))
+        except ValueError:  # an empty cell
+            ids.append(0)
+    return tuple(ids)
 
 
 def precision_flags() -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from kforge.verifier.protocol import Frame, ProtocolError, decode_frames
 from kforge.verifier.reasons import Reason
-from kforge.verifier.sandbox import Limits, SandboxResult, python_argv, run_sandboxed
+from kforge.verifier.sandbox import Companion, Limits, SandboxResult, python_argv, run_sandboxed
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DETAIL_CHARS = 1500
@@ -96,11 +96,12 @@ def run_job(
     job: dict[str, Any], *, scratch_root: Path | None, env_extra: dict[str, str], limits: Limits,
     gpu: bool, candidate_source: str | None = None, ro_paths: list[Path] | None = None,
     argv_prefix: Callable[[Path], list[str]] | None = None, collect: Sequence[str] = (),
+    companion: Companion | None = None,
 ) -> JobOutcome:
     """Run one worker job in a fresh scratch folder (deleted afterwards).
 
     ``argv_prefix(scratch)`` wraps the worker's command line in a tool run inside the sandbox
-    (``compute-sanitizer ... python -m kforge.verifier.worker``); the ``collect`` files (names
+    (``compute-sanitizer ... python -m kforge.verifier.worker_main``); the ``collect`` files (names
     relative to the scratch folder, e.g. the tool's log) are read back before the folder goes.
     The candidate can write there too: treat what comes back as its word, not the tool's."""
     scratch = Path(tempfile.mkdtemp(prefix="kforge-run-", dir=scratch_root))
@@ -114,9 +115,9 @@ def run_job(
         # Import paths under the sandbox's private /tmp (a checkout or a wheel folder there) must
         # be bound read-only to stay visible.
         visible = [*(ro_paths or []), *(Path(p) for p in import_paths() if Path(p).is_dir())]
-        argv = [*(argv_prefix(scratch) if argv_prefix else []), *python_argv("kforge.verifier.worker")]
+        argv = [*(argv_prefix(scratch) if argv_prefix else []), *python_argv("kforge.verifier.worker_main")]
         result = run_sandboxed(argv, env=env, scratch=scratch, stdin=payload, limits=limits,
-                               ro_paths=visible, gpu=gpu)
+                               ro_paths=visible, gpu=gpu, companion=companion)
         outcome = interpret(result, nonce, scratch)
         outcome.files = {name: _read_capped(scratch / name) for name in collect}
         return outcome

@@ -28,10 +28,24 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from kforge.verifier.cgroups import RunCgroup
 
 NOBODY = 65534
+
+
+class Companion(Protocol):
+    """A parent-side helper that talks to the child over pipes of its own."""
+
+    @property
+    def pass_fds(self) -> tuple[int, ...]: ...
+
+    def env(self) -> dict[str, str]: ...
+
+    def started(self, root_pid: int) -> None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -154,7 +168,7 @@ def _wrap(argv: list[str], isolation: str, *, scratch: Path, ro_paths: list[Path
         cmd = ["bwrap", "--ro-bind", "/", "/", "--proc", "/proc"]
         cmd += ["--dev-bind", "/dev", "/dev"] if gpu else ["--dev", "/dev"]
         cmd += ["--tmpfs", "/tmp"]
-        for p in ro_paths:
+        for p in _unique([*interpreter_paths(), *ro_paths]):
             if p.exists():
                 cmd += ["--ro-bind", str(p), str(p)]
         cmd += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch)]
@@ -168,8 +182,9 @@ def _wrap(argv: list[str], isolation: str, *, scratch: Path, ro_paths: list[Path
 
 def run_sandboxed(argv: list[str], *, env: dict[str, str], scratch: Path, stdin: bytes,
                   limits: Limits, ro_paths: list[Path] | None = None,
-                  gpu: bool = False) -> SandboxResult:
-    """Run ``argv`` (a python worker) sandboxed; ``stdin`` is its whole job description."""
+                  gpu: bool = False, companion: Companion | None = None) -> SandboxResult:
+    """Run ``argv`` (a python worker) sandboxed; ``stdin`` is its whole job description.
+    ``companion`` (``handshake.CallTimer``) gets pipes into the child and the child's pid."""
     isolation = isolation_available()
     cgroup = RunCgroup.create(max_pids=limits.max_pids, memory_mb=limits.memory_mb)
     root = os.geteuid() == 0
@@ -205,18 +220,20 @@ def run_sandboxed(argv: list[str], *, env: dict[str, str], scratch: Path, stdin:
     ]
     cmd = _wrap(argv, isolation, scratch=scratch, ro_paths=ro_paths or [], gpu=gpu,
                 drop_uid=drop_uid)
-    full_env = {**env, "KFORGE_RESULT_FD": str(write_res)}
+    full_env = {**env, "KFORGE_RESULT_FD": str(write_res), **(companion.env() if companion else {})}
     start = time.monotonic()
     proc: subprocess.Popen[bytes] | None = None
     try:
         proc = subprocess.Popen(
             cmd, stdin=in_r, stdout=out_w, stderr=err_w, env=full_env, cwd=str(scratch),
             start_new_session=True, preexec_fn=preexec, close_fds=True,
-            pass_fds=(write_res,),
+            pass_fds=(write_res, *(companion.pass_fds if companion else ())),
         )
     finally:
         for fd in (out_w, err_w, in_r, write_res):
             os.close(fd)
+        if companion is not None:
+            companion.started(proc.pid if proc is not None else 0)
     for c in captures:
         c.start()
     writer = threading.Thread(target=_feed, args=(in_w, stdin), daemon=True)
@@ -231,6 +248,8 @@ def run_sandboxed(argv: list[str], *, env: dict[str, str], scratch: Path, stdin:
             break
         time.sleep(0.01)
     _kill_run(proc, cgroup)
+    if companion is not None:
+        companion.close()
     seconds = time.monotonic() - start
     for c in captures:
         c.join(timeout=5)
@@ -294,6 +313,27 @@ def _survivors(pid: int, cgroup: RunCgroup | None) -> list[int]:
         if pgid == pid:
             found.append(int(entry.name))
     return found
+
+
+def interpreter_paths() -> list[Path]:
+    """Where this Python lives: its prefixes, the folder of its executable (a venv's ``bin``) and
+    its site-packages. Bound read-only into the sandbox like the checkout: a virtual environment
+    under /tmp is otherwise hidden by the sandbox's private /tmp ("bwrap: execvp
+    .../bin/python3: No such file or directory")."""
+    import site
+
+    found = [Path(sys.prefix), Path(sys.exec_prefix), Path(sys.base_prefix), Path(sys.executable).parent,
+             Path(sys.executable).resolve().parent]
+    try:
+        found += [Path(p) for p in site.getsitepackages()]
+    except AttributeError:  # an old-style virtualenv's site module
+        pass
+    return [p for p in found if p.is_absolute() and p != Path("/")]
+
+
+def _unique(paths: list[Path]) -> list[Path]:
+    seen: set[Path] = set()
+    return [p for p in paths if not (p in seen or seen.add(p))]  # type: ignore[func-returns-value]
 
 
 def python_argv(module: str) -> list[str]:

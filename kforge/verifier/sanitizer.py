@@ -5,7 +5,7 @@ The candidate runs in the usual sandboxed worker (``candidate`` mode, one native
 profiler: ``"sanitize": true``), wrapped inside the sandbox as::
 
     compute-sanitizer --tool T --error-exitcode 86 --print-limit 20 --report-api-errors no \\
-        --target-processes all --log-file <scratch>/sanitizer.log python -m kforge.verifier.worker
+        --target-processes all --log-file <scratch>/sanitizer.log python -m kforge.verifier.worker_main
 
 with ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` (memcheck sees an out-of-bounds write in a PyTorch
 program only when every tensor is its own cudaMalloc). The verdict rests on the sanitizer's

@@ -1,4 +1,4 @@
-"""The sandboxed worker: ``python -m kforge.verifier.worker`` (one process per job).
+"""The sandboxed worker: ``python -m kforge.verifier.worker_main`` (one process per job).
 
 Reads its job (JSON) from stdin, answers in frames on the result pipe (``protocol.py``) and
 ends with ``os._exit`` right after the final frame, so no ``atexit`` hook or finaliser of the
@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,27 +26,46 @@ NONCE: bytes = b""
 RESULT_FD = -1
 
 
-def send(header: dict[str, Any], blobs: list[bytes] | None = None) -> None:
-    from kforge.verifier.protocol import send_frame
+def open_channel(fd: int, nonce: bytes) -> tuple[Any, Any, Any]:
+    """``send``, ``finish`` and ``fail`` bound to the result pipe, made before any candidate code
+    runs. They reach each other and the frame encoder through closure cells, not module
+    globals: a candidate that rebinds ``worker.send`` or ``protocol.encode_frame`` changes
+    nothing they call (and ``Integrity`` sees the rebinding)."""
+    from kforge.verifier.protocol import encode_frame
 
-    send_frame(RESULT_FD, NONCE, header, blobs)
+    write, close, exit_, fmt = os.write, os.close, os._exit, traceback.format_exception
+    is_oom, is_device_error = _is_oom, _is_device_error
+
+    def send(header: dict[str, Any], blobs: list[bytes] | None = None) -> None:
+        data = memoryview(encode_frame(nonce, header, blobs))
+        while data:
+            data = data[write(fd, data):]
+
+    def finish(header: dict[str, Any] | None = None) -> None:
+        send(dict(header or {}, kind="done"))
+        close(fd)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        exit_(0)
+
+    def fail(kind: str, exc: BaseException | str, **extra: Any) -> None:
+        text = exc if isinstance(exc, str) else "".join(fmt(exc)[-6:])
+        if not isinstance(exc, str) and is_oom(exc):
+            kind = "oom"
+        if not isinstance(exc, str) and is_device_error(exc):
+            kind = "device_error"
+        finish({"error": kind, "message": text[-4000:], **extra})
+
+    return send, finish, fail
 
 
-def finish(header: dict[str, Any] | None = None) -> None:
-    send(dict(header or {}, kind="done"))
-    os.close(RESULT_FD)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+def _not_open(*_: Any, **__: Any) -> None:
+    raise RuntimeError("the result channel is not open (main() opens it)")
 
 
-def fail(kind: str, exc: BaseException | str, **extra: Any) -> None:
-    text = exc if isinstance(exc, str) else "".join(traceback.format_exception(exc)[-6:])
-    if not isinstance(exc, str) and _is_oom(exc):
-        kind = "oom"
-    if not isinstance(exc, str) and _is_device_error(exc):
-        kind = "device_error"
-    finish({"error": kind, "message": text[-4000:], **extra})
+send: Callable[..., None] = _not_open  # main() rebinds all three to the channel's closures
+finish: Callable[..., None] = _not_open
+fail: Callable[..., None] = _not_open
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -69,15 +89,19 @@ def load_module(path: Path, name: str) -> Any:
 
 
 def build_models(problem: Any, model_new_cls: type | None, seed: int, device: str) -> tuple[Any, Any]:
-    """Model and ModelNew from the same seed; ModelNew takes Model's weights when names match."""
+    """Model and ModelNew from the same seed; ModelNew takes Model's weights when names match.
+
+    Both stay in the mode their constructors leave them in (training mode unless the problem
+    says otherwise), as KernelBench runs them: BatchNorm uses batch statistics, and a Dropout
+    with p > 0 makes the reference nondeterministic (flagged when the problem is loaded)."""
     import torch
 
     torch.manual_seed(seed)
-    ref = problem.Model(*problem.get_init_inputs()).to(device).eval()
+    ref = problem.Model(*problem.get_init_inputs()).to(device)
     new = None
     if model_new_cls is not None:
         torch.manual_seed(seed)
-        new = model_new_cls(*problem.get_init_inputs()).to(device).eval()
+        new = model_new_cls(*problem.get_init_inputs()).to(device)
         ref_state, new_state = ref.state_dict(), new.state_dict()
         if ref_state.keys() == new_state.keys() and all(
             ref_state[k].shape == new_state[k].shape for k in ref_state
@@ -186,12 +210,13 @@ def run_reference(job: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    global NONCE, RESULT_FD
+    global NONCE, RESULT_FD, send, finish, fail
     job = json.loads(sys.stdin.buffer.read())
     sys.stdin.close()
     NONCE = bytes.fromhex(job.pop("nonce"))
     RESULT_FD = int(os.environ.pop("KFORGE_RESULT_FD"))
     os.set_inheritable(RESULT_FD, False)
+    send, finish, fail = open_channel(RESULT_FD, NONCE)
     try:
         import torch
     except Exception as exc:  # noqa: BLE001
@@ -211,7 +236,9 @@ def main() -> None:
         fail("harness_error", f"unknown worker mode {mode!r}")
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The process's entry (``python -m kforge.verifier.worker_main``): this module is imported
+    once, under its own name, so the functions ``Integrity`` watches are the live ones."""
     try:
         main()
     except BaseException as exc:  # noqa: BLE001 - anything left is reported, then we exit
