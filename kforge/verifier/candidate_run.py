@@ -178,38 +178,58 @@ def _kernel_table(fn: Callable[[], Any], device: str, calls: int = 3) -> list[di
 
 
 def run_profile(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> None:
-    from kforge.verifier.timing import pin_cpu, time_alternating
+    """Checked timing (``checked.py``): the reference's answers and the input sets are made
+    before the candidate is imported; on the CPU every timed call is clocked by the parent
+    (``handshake.py``)."""
+    import os
+
+    from kforge.verifier.checked import CheckedTiming
+    from kforge.verifier.handshake import worker_clock
+    from kforge.verifier.timing import host_clock, pin_cpu, time_alternating
     from kforge.verifier.worker import build_models
 
     device = job["device"]
     pin = pin_cpu(job.get("threads")) if device == "cpu" else {}
-    module, integrity, _ = _import_candidate(job, fail, finish)
+    seed = job["model_seed"]
     try:
         problem = load_case_problem(Path(job["problem_path"]), job["preset"], job.get("sizes"))
-        ref, new = build_models(problem, module.ModelNew, job["model_seed"], device)
-        args = make_inputs(problem, Case(0, job["model_seed"], "native", None), device, draw_on_device=True)
+        with torch.no_grad():
+            checked = CheckedTiming.prepare(problem, build_models(problem, None, seed, device)[0], seed,
+                                            device, job["reps"], job.get("tol"))
+    except Exception as exc:  # noqa: BLE001 - the problem's own code failed: not the candidate's
+        fail("harness_error", exc)
+    clock = worker_clock(os.environ) if device == "cpu" else None
+    module, integrity, _ = _import_candidate(job, fail, finish)
+    try:
+        ref, new = build_models(problem, module.ModelNew, seed, device)
     except Exception as exc:  # noqa: BLE001
         fail("crashed", exc)
-    fns: dict[str, Callable[[], Any]] = {"candidate": lambda: new(*args)}
-    extra: dict[str, Any] = {"pin": pin}
+    fns: dict[str, Callable[..., Any]] = {"candidate": new}
+    extra: dict[str, Any] = {"pin": pin, "checked": checked.note or "checked",
+                             "parent_clock": clock is not None}
     if job.get("baselines"):
-        fns["eager"] = lambda: ref(*args)
+        fns["eager"] = ref
         try:
             compiled = torch.compile(ref)
             with torch.no_grad():
-                compiled(*args)
-            fns["compiled"] = lambda: compiled(*args)
+                compiled(*checked.plan.buffers[0])
+            fns["compiled"] = compiled
         except Exception as exc:  # noqa: BLE001 - recorded: the eager baseline still stands
             extra["compile_error"] = f"{type(exc).__name__}: {exc}"[:500]
     try:
         with torch.no_grad():
-            samples = time_alternating(fns, device=device, warmup=job["warmup"], reps=job["reps"])
-            kernels = _kernel_table(fns["candidate"], device)
+            samples = time_alternating(fns, device=device, warmup=job["warmup"], reps=job["reps"],
+                                       plan=checked.plan, clock=clock or host_clock, observe=checked.observe)
+            stale = checked.verdict(module.ModelNew, new,
+                                    lambda cls: build_models(problem, cls, seed, device)[1])
+            kernels = _kernel_table(lambda: new(*checked.plan.load(0, 0)), device)
     except Exception as exc:  # noqa: BLE001
         fail("crashed", exc)
     moved = integrity.changed()
     if moved:
         finish({"error": "harness_tampering", "message": "candidate replaced " + ", ".join(moved[:8])})
+    if stale:
+        finish({"error": "stale_output", "message": stale})
     try:
         from kforge.problem_cost import flops_and_bytes
 

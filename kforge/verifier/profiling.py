@@ -12,13 +12,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kforge.schema import KernelStat, Profile, Timing
+from kforge.schema import TOLERANCES, KernelStat, Policy, Profile, Timing
+from kforge.verifier.handshake import CallTimer, consistency, parent_timings
 from kforge.verifier.peaks import Peaks, bandwidth_ceiling
 from kforge.verifier.reasons import Reason
 from kforge.verifier.runner import build_folder, run_job
 from kforge.verifier.sandbox import Limits
 from kforge.verifier.telemetry import read_clocks
-from kforge.verifier.timing import speedup
+from kforge.verifier.timing import speedup, summarize
 from kforge.verifier.verify import MODEL_SEED
 
 ROOFLINE_SLACK = 0.9  # faster than 90% of the roofline floor is impossible, not impressive
@@ -81,9 +82,12 @@ def profile_candidate(
     sizes: dict[str, int] | None = None, build_dir: Path | None = None, baselines: bool = False,
     warmup: int = 3, reps: int = 20, threads: int | None = None, timeout_s: float = 300,
     peaks: Peaks | None = None, remeasure: Callable[[], Peaks] | None = None,
+    policy: Policy | None = None,
 ) -> Profile:
     """Timing record of one candidate; never raises for anything the candidate does.
-    ``remeasure`` re-measures the peaks before a flag (see :func:`roofline`)."""
+    ``remeasure`` re-measures the peaks before a flag (see :func:`roofline`). The timed calls'
+    outputs are checked against the reference (``checked.py``; at the ``policy``'s tolerance,
+    else 1e-2), and on the CPU the parent clocks every call (``handshake.py``)."""
     from kforge.platforms import UnknownPlatformError, get_platform
 
     start = time.monotonic()
@@ -96,12 +100,13 @@ def profile_candidate(
     problem_path = Path(problem_path).resolve()
     job = {"mode": "profile", "problem_path": str(problem_path), "preset": preset, "sizes": sizes,
            "device": device, "model_seed": MODEL_SEED, "baselines": baselines, "warmup": warmup,
-           "reps": reps, "threads": threads}
+           "reps": reps, "threads": threads, "tol": TOLERANCES[policy] if policy else None}
     clocks_before = read_clocks() if device == "cuda" else {"clock_telemetry": "unavailable",
                                                              "why": "no GPU clocks on a CPU platform"}
+    timer = CallTimer() if device == "cpu" else None
     out = run_job(job, scratch_root=None, env_extra=plat.worker_env(build),
                   limits=Limits(timeout_s=timeout_s, memory_mb=None), gpu=device == "cuda",
-                  candidate_source=source, ro_paths=[build, problem_path.parent])
+                  candidate_source=source, ro_paths=[build, problem_path.parent], companion=timer)
     extra: dict[str, object] = {"sandbox": out.mode, **clocks_before, "seconds": time.monotonic() - start}
     if device == "cuda":
         extra["clocks_after"] = read_clocks()
@@ -112,6 +117,14 @@ def profile_candidate(
         return Profile(ok=False, reason=Reason.CRASHED.value, detail="no profile in the answer", device=device)
     timings = {k: Timing.model_validate(v) for k, v in body["timings"].items()}
     extra.update(body.get("extra", {}))
+    if timer is not None:
+        threads_used = int(dict(extra.get("pin") or {}).get("threads") or threads or 1)
+        problem_ = consistency(timer.calls, threads_used, reps, list(timings)) or "; ".join(timer.errors)
+        if problem_:
+            return Profile(ok=False, reason=Reason.TIMING_INCONSISTENT.value, detail=problem_,
+                           device=device, extra=extra)
+        timings = {k: summarize(ms) for k, ms in parent_timings(timer.calls, list(timings)).items()}
+        extra["clock"] = f"parent handshake ({timer.cpu_source})"
     if any(body.get("host_gap", {}).values()):
         extra["host_gap"] = body["host_gap"]
     prof = Profile(ok=True, device=device, candidate=timings.get("candidate"), eager=timings.get("eager"),

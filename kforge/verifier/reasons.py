@@ -13,6 +13,10 @@ One code per way a candidate can fail; the generation agent reads the code, the 
     │                            aliases_input, mutates_input, rigged_output_object,
     │                            caches_outputs, shape_specialized, wrong_device
     ├── behaviour (worker probes) no_kernel_launched, async_work_left, beats_roofline
+    ├── timing (checked.py,       stale_output: a timed call's output disagrees with the
+    │   handshake.py)            reference for its inputs (the timing measured no real work);
+    │                            timing_inconsistent: the worker's claimed times disagree with
+    │                            the parent's clock or CPU-time reading
     └── sanitizer (opt-in, CUDA) sanitizer_memcheck, sanitizer_racecheck: compute-sanitizer
                                  found out-of-bounds or misaligned accesses (memcheck) or a
                                  shared-memory hazard (racecheck) in a run whose outputs passed;
@@ -61,6 +65,9 @@ class Reason(StrEnum):
     NO_KERNEL_LAUNCHED = "no_kernel_launched"
     ASYNC_WORK_LEFT = "async_work_left"
     BEATS_ROOFLINE = "beats_roofline"
+    # timing (checked.py, handshake.py)
+    STALE_OUTPUT = "stale_output"
+    TIMING_INCONSISTENT = "timing_inconsistent"
     # sanitizer (verify.sanitizer in the config; sanitizer.py)
     SANITIZER_MEMCHECK = "sanitizer_memcheck"
     SANITIZER_RACECHECK = "sanitizer_racecheck"

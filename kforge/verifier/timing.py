@@ -3,8 +3,12 @@
     warm up every callable ─> for each repetition, in turn for each callable (alternated):
         GPU: flush L2 (buffer = 2 x the device's L2, read from its properties), full sync,
              host clock + CUDA events around the call, full sync, host clock again
-        CPU: fixed thread count, pinned to the same cores, host clock around the call
+        CPU: fixed thread count, pinned to the same cores; the parent's clock around the call
+             by a handshake on a pipe (handshake.py), checked against the claimed time
     ─> median, mean, min and coefficient of variation per callable
+
+Every timed call gets an input set of its own (``InputPlan``); ``checked.py`` compares a
+sample of what the timed calls returned with the reference before the timing counts.
 
 On the GPU the event time is the measurement and the host time after a full device sync is
 the check: work left on a side stream or a thread shows as host >> events.
@@ -12,6 +16,7 @@ the check: work left on a side stream or a thread shows as host >> events.
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
@@ -76,32 +81,78 @@ class L2Flush:
             self.buffer.fill_(1.0)
 
 
-def _time_cpu(fn: Callable[[], Any]) -> float:
+Clock = Callable[[str, int, Callable[[], Any]], tuple[float, Any]]
+
+
+def host_clock(name: str, rep: int, fn: Callable[[], Any]) -> tuple[float, Any]:
+    """The in-process clock: milliseconds of one call, and what it returned."""
     t0 = time.perf_counter_ns()
-    fn()
-    return (time.perf_counter_ns() - t0) / 1e6
+    out = fn()
+    return (time.perf_counter_ns() - t0) / 1e6, out
 
 
-def _time_cuda(fn: Callable[[], Any]) -> tuple[float, float]:
+def _time_cuda(fn: Callable[[], Any]) -> tuple[float, float, Any]:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     h0 = time.perf_counter_ns()
     start.record()
-    fn()
+    out = fn()
     end.record()
     torch.cuda.synchronize()
     host = (time.perf_counter_ns() - h0) / 1e6
-    return start.elapsed_time(end), host
+    return start.elapsed_time(end), host, out
+
+
+class InputPlan:
+    """Distinct input sets for the timed calls (``checked.py``): ``slots`` sets of buffers, all
+    alive at once (so no two share an address), refilled before every call with one of
+    ``contents`` variants, in place and without bumping the tensors' version counters. A
+    call never sees the contents its buffers held at that buffer's previous call, so a cache
+    keyed on pointer, shape or version returns a stale answer, and the samples show it."""
+
+    def __init__(self, contents: list[list[Any]], slots: int = 2) -> None:
+        if len(contents) < 2:
+            raise ValueError("an input plan needs at least two content variants")
+        self.contents = contents
+        self.buffers = [[v.clone() if isinstance(v, torch.Tensor) else v for v in contents[0]]
+                        for _ in range(slots)]
+
+    def schedule(self, rep: int) -> tuple[int, int]:
+        """(slot, content) of repetition ``rep``: each slot's contents change at every visit."""
+        slot = rep % len(self.buffers)
+        return slot, (rep // len(self.buffers)) % len(self.contents)
+
+    def load(self, slot: int, content: int) -> list[Any]:
+        for buf, src in zip(self.buffers[slot], self.contents[content], strict=True):
+            if isinstance(buf, torch.Tensor):
+                buf.data.copy_(src)  # .data: the version counter stays as it was
+        return self.buffers[slot]
+
+
+Observer = Callable[[str, int, int, int, Any], None]  # (name, rep, slot, content, output)
 
 
 def time_alternating(
-    fns: dict[str, Callable[[], Any]], *, device: str, warmup: int, reps: int
+    fns: dict[str, Callable[..., Any]], *, device: str, warmup: int, reps: int,
+    plan: InputPlan | None = None, clock: Clock = host_clock, observe: Observer | None = None,
 ) -> dict[str, Samples]:
-    """Time every callable ``reps`` times, interleaved so drift hits all of them alike."""
+    """Time every callable ``reps`` times, interleaved so drift hits all of them alike.
+
+    With a ``plan`` every call gets the plan's buffers for its repetition (refilled first,
+    outside the timed window) and ``observe`` sees what each timed call returned. ``clock``
+    times one CPU call (``handshake.py`` hands the timing to the parent); on the GPU the
+    events time it and a host clock after a full sync checks them."""
     flush = L2Flush(device)
-    for _ in range(max(1, warmup)):
+
+    def args(rep: int) -> tuple[int, int, list[Any]]:
+        if plan is None:
+            return 0, 0, []
+        slot, content = plan.schedule(rep)
+        return slot, content, plan.load(slot, content)
+
+    for w in range(max(1, warmup)):
         for fn in fns.values():
-            fn()
+            fn(*args(w)[2])
     if device == "cuda":
         torch.cuda.synchronize()
     samples = {name: Samples() for name in fns}
@@ -109,13 +160,19 @@ def time_alternating(
     for rep in range(reps):
         rotated = order[rep % len(order):] + order[: rep % len(order)]
         for name in rotated:
+            slot, content, values = args(rep)
             flush()
+            call = functools.partial(fns[name], *values)
             if device == "cuda":
-                ev, host = _time_cuda(fns[name])
+                ev, host, out = _time_cuda(call)
                 samples[name].ms.append(ev)
                 samples[name].host_ms.append(host)
             else:
-                samples[name].ms.append(_time_cpu(fns[name]))
+                ms, out = clock(name, rep, call)
+                samples[name].ms.append(ms)
+            if observe is not None:
+                observe(name, rep, slot, content, out)
+            del out
     return samples
 
 

@@ -1,0 +1,127 @@
+"""Checked timing (worker side): the timed calls' outputs are compared with the reference.
+
+    before the candidate is imported:
+        the reference model, two content variants of the inputs, and the reference's output
+        for each (computed twice: a nondeterministic reference leaves the check off, noted)
+    timing (timing.time_alternating with an InputPlan):
+        two buffer sets, refilled in place before every call (pointer, shape and version stay,
+        contents change), candidate outputs cloned at the first, middle and last call of
+        each buffer set
+    after timing:
+        every sample against the reference for the contents it was called on, then a fresh
+        ModelNew and the one timed many times on the same inputs, both against the reference
+
+A mismatch is ``stale_output``: the timing measured calls that did not compute the answer
+(a cache keyed on the input's address, shape or version, a partial recompute on repeated
+inputs, a result that goes stale after N calls, or one written by a thread after return).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kforge.verifier.inputs import Case, make_inputs, tensors_in
+from kforge.verifier.timing import InputPlan
+
+SLOTS = 2
+CONTENTS = 2
+DEFAULT_TOL = 1e-2  # the verify stage judged the policy's tolerance; this catches wrong answers
+
+
+class StaleOutput(Exception):
+    """A timed call's output disagrees with the reference for the inputs it was given."""
+
+
+@dataclass
+class Sample:
+    rep: int
+    slot: int
+    content: int
+    outputs: list[torch.Tensor]
+
+
+@dataclass
+class CheckedTiming:
+    plan: InputPlan
+    expected: list[list[torch.Tensor]]  # the reference's outputs, per content variant
+    tol: float
+    reps: int
+    note: str = ""  # why the comparison is off, when it is
+    samples: list[Sample] = field(default_factory=list)
+    picks: set[int] = field(default_factory=set)
+
+    @classmethod
+    def prepare(cls, problem: Any, ref: Any, seed: int, device: str, reps: int,
+                tol: float | None = None) -> CheckedTiming:
+        """Inputs and the reference's answers, made before any candidate code runs."""
+        contents = [make_inputs(problem, Case(i, seed + 7919 * i, "native", None), device, draw_on_device=True)
+                    for i in range(CONTENTS)]
+        plan = InputPlan(contents, slots=SLOTS)
+        with torch.no_grad():
+            expected = [[t.detach().clone() for t in tensors_in(ref(*c))] for c in contents]
+            again = [t for t in tensors_in(ref(*contents[0]))]
+        note = ""
+        if len(again) != len(expected[0]) or not all(
+                torch.equal(a, b) for a, b in zip(again, expected[0], strict=False)):
+            note = "unchecked: the reference is not deterministic"
+        picks: set[int] = set()
+        for slot in range(SLOTS):
+            mine = [r for r in range(reps) if r % SLOTS == slot]
+            if mine:
+                picks |= {mine[0], mine[len(mine) // 2], mine[-1]}
+        return cls(plan, expected, DEFAULT_TOL if tol is None else tol, reps, note, picks=picks)
+
+    def observe(self, name: str, rep: int, slot: int, content: int, out: Any) -> None:
+        """``time_alternating``'s observer: clone the candidate's sampled outputs at once."""
+        if name == "candidate" and rep in self.picks:
+            self.samples.append(Sample(rep, slot, content, [t.detach().clone() for t in _tensors(out)]))
+
+    def verdict(self, model_cls: type, used: Any, build: Callable[[type], Any]) -> str | None:
+        """None when every check passed (or the check is off); else what disagreed."""
+        if self.note:
+            return None
+        for s in self.samples:
+            bad = mismatch(s.outputs, self.expected[s.content], self.tol)
+            if bad:
+                return (f"timed call {s.rep} (input set {s.slot}, contents {s.content}) returned a "
+                        f"wrong answer: {bad}; the timing measured calls that did not compute it")
+        values = self.plan.load(0, 1)
+        with torch.no_grad():
+            fresh_out = [t.detach().clone() for t in _tensors(build(model_cls)(*values))]
+            values = self.plan.load(0, 1)
+            used_out = [t.detach().clone() for t in _tensors(used(*values))]
+        bad_fresh = mismatch(fresh_out, self.expected[1], self.tol)
+        bad_used = mismatch(used_out, self.expected[1], self.tol)
+        if bad_used or bad_fresh:
+            which = "the instance timed many times" if bad_used else "a fresh instance"
+            return (f"a fresh ModelNew and the one timed {self.reps} times disagree on the same "
+                    f"inputs: {which} is wrong ({bad_used or bad_fresh})")
+        return None
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    if type(out) is torch.Tensor:
+        return [out]
+    if type(out) in (tuple, list):
+        return [t for t in out if type(t) is torch.Tensor]
+    return []
+
+
+def mismatch(got: list[torch.Tensor], want: list[torch.Tensor], tol: float) -> str:
+    """"" when ``got`` matches ``want`` within ``tol`` (atol = rtol); else what differs."""
+    if len(got) != len(want):
+        return f"{len(got)} output tensors, the reference has {len(want)}"
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        if g.shape != w.shape:
+            return f"output {i} has shape {tuple(g.shape)}, the reference {tuple(w.shape)}"
+        g64, w64 = g.detach().to(torch.float64), w.detach().to(torch.float64)
+        close = torch.isclose(g64, w64, rtol=tol, atol=tol, equal_nan=True)
+        if not bool(close.all()):
+            bad = int((~close).sum())
+            err = (g64 - w64).abs().nan_to_num(float("inf")).max().item()
+            return f"output {i}: {bad} of {g.numel()} elements off (max abs err {err:.3g})"
+    return ""

@@ -1,0 +1,232 @@
+"""Timing a candidate cannot forge on the CPU: the trusted parent clocks every timed call.
+
+    worker (sandboxed, runs candidate code)          parent (trusted)
+    ── TICK(fn, rep) ──────────────────────────────> read the worker's CPU time, start clock
+    <───────────────────────────────────────── GO ──
+       call fn (its own clock around the call)
+    ── DONE(fn, rep, claimed ns) ──────────────────> stop clock, read the worker's CPU time
+
+The parent's wall time of a call is the claim plus two pipe hops, which the worker measures
+first with empty calls (``NULL``). The parent reads the worker's CPU time from
+``/proc/<pid>/task/*/schedstat`` (nanoseconds, every thread; ``/proc/<pid>/stat`` ticks where
+schedstat is missing). :func:`consistency` rejects, as ``timing_inconsistent``, a candidate
+whose claims fall short of the parent's clock beyond the measured hop noise, or that burned
+more CPU in its calls than its thread count allows; the parent's records, not the worker's
+report, become the timing. Whatever the candidate does inside its process (a replaced clock,
+a patched timing module) cannot move the parent's clock.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MSG = struct.Struct("<BBxxIQ")  # kind, callable index, rep, claimed ns
+TICK, DONE = 1, 2
+NAMES = ("candidate", "eager", "compiled", "null")
+ENV = "KFORGE_CLOCK_FDS"
+WORKER_MARK = b"kforge.verifier.worker_main"
+NULL_CALLS = 15
+CPU_SLACK = 1.25  # CPU time may exceed threads x wall by this factor (scheduler accounting)
+
+
+@dataclass
+class Call:
+    name: str
+    rep: int
+    wall_ns: int  # the parent's clock: GO sent .. DONE read
+    claimed_ns: int
+    cpu_ns: int  # the worker's CPU time (all threads) between the parent's two reads
+    cpu_wall_ns: int  # the parent's clock between those two reads
+
+
+@dataclass
+class CallTimer:
+    """Parent side: the pipes, the serving thread and the calls it recorded."""
+
+    calls: list[Call] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    cpu_source: str = ""
+
+    def __post_init__(self) -> None:
+        self._up_r, self._up_w = os.pipe()  # worker -> parent
+        self._down_r, self._down_w = os.pipe()  # parent -> worker
+        self._thread: threading.Thread | None = None
+
+    @property
+    def pass_fds(self) -> tuple[int, int]:
+        return self._up_w, self._down_r
+
+    def env(self) -> dict[str, str]:
+        return {ENV: f"{self._up_w},{self._down_r}"}
+
+    def started(self, root_pid: int) -> None:
+        os.close(self._up_w)
+        os.close(self._down_r)
+        self._thread = threading.Thread(target=self._serve, args=(root_pid,), daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for fd in (self._up_r, self._down_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _serve(self, root_pid: int) -> None:
+        pid = 0
+        pending: tuple[int, int, int, int, int] | None = None
+        while True:
+            data = _read_exact(self._up_r, MSG.size)
+            if data is None:
+                return
+            kind, index, rep, claimed = MSG.unpack(data)
+            if kind == TICK and pending is None and index < len(NAMES):
+                if not pid:
+                    pid = find_worker(root_pid)
+                    self.cpu_source = "schedstat" if _schedstat_ns(pid) is not None else "stat"
+                tc0 = time.perf_counter_ns()
+                cpu0 = cpu_ns(pid)
+                t0 = time.perf_counter_ns()
+                try:
+                    os.write(self._down_w, b"g")
+                except OSError:
+                    return
+                pending = (index, rep, t0, tc0, cpu0)
+            elif kind == DONE and pending is not None and (index, rep) == pending[:2]:
+                t1 = time.perf_counter_ns()
+                cpu1 = cpu_ns(pid)
+                tc1 = time.perf_counter_ns()
+                _, _, t0, tc0, cpu0 = pending
+                self.calls.append(Call(NAMES[index], rep, t1 - t0, claimed, cpu1 - cpu0, tc1 - tc0))
+                pending = None
+            else:
+                self.errors.append(f"out-of-order message kind={kind} callable={index} rep={rep}")
+                return
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    buf = b""
+    while len(buf) < n:
+        try:
+            chunk = os.read(fd, n - len(buf))
+        except OSError:
+            return None
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def find_worker(root_pid: int) -> int:
+    """The worker's pid as this (the parent's) PID namespace sees it: the deepest descendant
+    of the sandbox's first process whose command line runs the worker module."""
+    children: dict[int, list[int]] = {}
+    cmdlines: dict[int, bytes] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdlines[int(entry.name)] = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    best, stack = 0, [root_pid]
+    while stack:
+        pid = stack.pop()
+        if WORKER_MARK in cmdlines.get(pid, b""):
+            best = pid
+        stack.extend(children.get(pid, []))
+    return best or root_pid
+
+
+def _schedstat_ns(pid: int) -> int | None:
+    total, seen = 0, False
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+                seen = True
+            except (OSError, ValueError, IndexError):
+                continue
+    except OSError:
+        return None
+    return total if seen else None
+
+
+def cpu_ns(pid: int) -> int:
+    """CPU time of every thread of ``pid`` in nanoseconds (0 when it is gone)."""
+    ns = _schedstat_ns(pid)
+    if ns is not None:
+        return ns
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def worker_clock(env: dict[str, str] | os._Environ[str]) -> Callable[[str, int, Callable[[], Any]], tuple[float, Any]] | None:
+    """Worker side: the clock that hands every timed call to the parent (None: no pipes)."""
+    raw = env.pop(ENV, None)
+    if not raw:
+        return None
+    up, down = (int(x) for x in raw.split(","))
+    os.set_inheritable(up, False)
+    os.set_inheritable(down, False)
+    write, read, pack, now = os.write, os.read, MSG.pack, time.perf_counter_ns
+    index = {n: i for i, n in enumerate(NAMES)}
+
+    def clock(name: str, rep: int, fn: Callable[[], Any]) -> tuple[float, Any]:
+        i = index[name]
+        write(up, pack(TICK, i, rep, 0))
+        read(down, 1)
+        t0 = now()
+        out = fn()
+        t1 = now()
+        write(up, pack(DONE, i, rep, t1 - t0))
+        return (t1 - t0) / 1e6, out
+
+    for k in range(NULL_CALLS):  # the hop noise, measured before anything else is timed
+        clock("null", k, lambda: None)
+    return clock
+
+
+def consistency(calls: list[Call], threads: int, reps: int, names: list[str]) -> str:
+    """"" when the worker's claims agree with the parent's clock and CPU reading; else why not."""
+    null = [c.wall_ns - c.claimed_ns for c in calls if c.name == "null"]
+    if len(null) < NULL_CALLS // 2:
+        return "the worker skipped the clock calibration"
+    hop = statistics.median(null)
+    hop_spread = sorted(null)[int(0.9 * (len(null) - 1))] - hop
+    for name in names:
+        mine = [c for c in calls if c.name == name]
+        if len(mine) != reps:
+            return f"{name}: {len(mine)} of {reps} timed calls reached the parent's clock"
+        claimed = statistics.median(c.claimed_ns for c in mine)
+        excess = statistics.median(c.wall_ns - c.claimed_ns for c in mine) - hop
+        allowed = 0.2 * claimed + hop_spread + 50_000
+        if excess > allowed:
+            return (f"{name}: claims {claimed / 1e6:.4g} ms a call; the parent's clock saw "
+                    f"{(claimed + excess) / 1e6:.4g} ms (pipe hop {hop / 1e6:.3g} ms removed)")
+        cpu = sum(c.cpu_ns for c in mine)
+        window = sum(c.cpu_wall_ns for c in mine)
+        if cpu > CPU_SLACK * threads * window + 2_000_000 * len(mine) ** 0.5:
+            return (f"{name}: used {cpu / max(window, 1):.2f} cores during its calls; "
+                    f"it was given {threads} thread(s)")
+    return ""
+
+
+def parent_timings(calls: list[Call], names: list[str]) -> dict[str, list[float]]:
+    """Milliseconds per call of each callable, as the parent received them (checked claims)."""
+    return {n: [c.claimed_ns / 1e6 for c in calls if c.name == n] for n in names}
