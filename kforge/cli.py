@@ -1,4 +1,4 @@
-"""The ``kforge`` command: report, provenance, platforms, verify, config checks.
+"""The ``kforge`` command: report, query, ship, audit, provenance, platforms, verify, config checks.
 
 The pipeline itself runs through Snakemake (``snakemake --cores 4 artifacts/report.parquet``);
 this command reads what it produced and offers the verifier on its own.
@@ -16,6 +16,7 @@ REPORT_VIEW = (
     ("candidate_ms", "cand ms", "{:.4f}"), ("eager_ms", "eager ms", "{:.4f}"),
     ("compile_ms", "compile ms", "{:.4f}"), ("speedup_vs_eager", "x eager", "{:.2f}"),
     ("speedup_vs_compile", "x compile", "{:.2f}"), ("speedup_vs_best", "x best", "{:.2f}"),
+    ("ship_threshold", "ship if >", "{:.2f}"), ("shipped_speedup", "answer x", "{:.2f}"),
     ("prompt_tokens", "tok in", "{}"), ("completion_tokens", "tok out", "{}"),
     ("cost_usd", "cost $", "{:.4f}"), ("wall_s", "wall s", "{:.1f}"),
 )
@@ -36,25 +37,19 @@ def format_table(rows: list[dict[str, object]]) -> str:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    import math
-
-    import pyarrow.parquet as pq
+    from kforge.report_view import load_report, print_report
 
     path = Path(args.path)
-    if not path.is_file():
+    data = load_report(path)
+    if data is None:
         print(f"kforge report: {path} not found; run `snakemake --cores 4 {path}` first", file=sys.stderr)
         return 2
-    rows = pq.read_table(path).to_pylist()
-    print(format_table(rows))
-    speedups = [r["speedup_vs_best"] for r in rows if r.get("speedup_vs_best")]
-    verified = sum(1 for r in rows if r["status"] == "verified")
-    policies = sorted({str(r["policy"]) for r in rows})
-    summary = f"\n{verified}/{len(rows)} verified and timed; policy {', '.join(policies)}"
-    if speedups:
-        geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
-        wins = sum(1 for r in rows if (r.get("speedup_vs_eager") or 0) > 1)
-        summary += f"; geomean speedup vs faster of eager/torch.compile {geo:.2f}x; faster than eager on {wins}"
-    print(summary)
+    print_report(data, format_table(data.rows))
+    if args.html:
+        from kforge.html_report import write_html
+
+        out = write_html(data, Path(args.html))
+        print(f"wrote {out}")
     return 0
 
 
@@ -118,7 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("report", help="print the report as a table")
     p.add_argument("path", nargs="?", default="artifacts/report.parquet")
+    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report (charts inline)")
     p.set_defaults(func=cmd_report)
+    from kforge.query import add_query_parser
+    from kforge.ship import add_ship_parsers
+
+    add_query_parser(sub)
+    add_ship_parsers(sub)
     p = sub.add_parser("provenance", help="the chain of artifacts behind a kernel, integrity-checked")
     p.add_argument("query", help="a problem name or a digest prefix (selection, candidate or source)")
     p.add_argument("--store", default="artifacts")

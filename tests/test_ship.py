@@ -1,0 +1,130 @@
+"""`kforge ship` writes an importable module and an in-toto/SLSA statement for shipped kernels
+only; `kforge audit` re-hashes everything and names the first broken link, whatever was tampered."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kforge.ship import audit, ship
+from tests.report_fixtures import STARTER, build_run
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    base = tmp_path_factory.mktemp("ship")
+    root = build_run(base).root
+    statement = ship(root, "softmax_rows", base / "out", platform="cpu")
+    return root, statement
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kforge.cli", *args], capture_output=True, text=True)
+
+
+def test_module_imports_and_matches_the_reference(shipped: tuple[Path, Path]) -> None:
+    import torch
+
+    _, statement = shipped
+    module_path = statement.with_name("softmax_rows.py")
+    head = module_path.read_text().splitlines()[:6]
+    assert head[0].startswith("# Shipped by KForge: problem softmax_rows")
+    assert any("speedup 2.00x" in line for line in head) and any("verifier code" in line for line in head)
+    spec = importlib.util.spec_from_file_location("shipped_softmax", module_path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    x = torch.randn(4, 8)
+    ref_spec = importlib.util.spec_from_file_location("ref", STARTER / "softmax_rows.py")
+    assert ref_spec and ref_spec.loader
+    ref = importlib.util.module_from_spec(ref_spec)
+    ref_spec.loader.exec_module(ref)
+    torch.testing.assert_close(module.ModelNew()(x), ref.Model()(x))
+
+
+def test_statement_is_in_toto_v1_with_slsa_provenance(shipped: tuple[Path, Path]) -> None:
+    _, statement = shipped
+    st = json.loads(statement.read_text())
+    assert st["_type"] == "https://in-toto.io/Statement/v1"
+    assert st["predicateType"] == "https://slsa.dev/provenance/v1"
+    assert st["subject"][0]["name"] == "softmax_rows.py" and len(st["subject"][0]["digest"]["sha256"]) == 64
+    deps = st["predicate"]["buildDefinition"]["resolvedDependencies"]
+    kinds = {d["annotations"]["kind"] for d in deps}
+    assert {"selection", "verification", "candidate", "source", "transcript", "problem", "problem_source",
+            "example", "timing", "verifier_code", "prompt", "agent_settings", "environment", "build"} <= kinds
+    assert all(len(d["digest"]["sha256"]) == 64 for d in deps)
+    assert len({d["digest"]["sha256"] for d in deps}) == len(deps)  # each input once
+
+
+def test_audit_passes_on_an_untouched_ship(shipped: tuple[Path, Path]) -> None:
+    root, statement = shipped
+    assert audit(statement, root) == []
+    proc = cli("audit", str(statement), "--store", str(root))
+    assert proc.returncode == 0 and proc.stdout.startswith("ok:"), proc.stderr
+
+
+@pytest.mark.parametrize("status_problem", ["gemm_bias_relu", "layernorm_rows", "elementwise_swish_bias",
+                                            "reduce_mean_rows", "logsoftmax_rows"])
+def test_ship_refuses_anything_not_shipped(shipped: tuple[Path, Path], tmp_path: Path, status_problem: str) -> None:
+    root, _ = shipped
+    proc = cli("ship", status_problem, "--to", str(tmp_path / "o"), "--store", str(root))
+    assert proc.returncode == 2 and "refused" in proc.stderr and "not shipped" in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def _kinds(statement: Path) -> dict[str, str]:
+    deps = json.loads(statement.read_text())["predicate"]["buildDefinition"]["resolvedDependencies"]
+    first: dict[str, str] = {}
+    for d in deps:
+        first.setdefault(d["annotations"]["kind"], d["digest"]["sha256"])
+    return first
+
+
+KINDS = ["selection", "verification", "candidate", "source", "transcript", "plan", "problem", "example",
+         "timing", "problem_source", "build", "inputs_manifest", "verifier_code", "prompt", "agent_settings",
+         "environment"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_audit_names_each_tampered_material(shipped: tuple[Path, Path], tmp_path: Path, kind: str) -> None:
+    root, statement = shipped
+    store = tmp_path / "artifacts"
+    shutil.copytree(root / "cas", store / "cas")  # tamper with a copy
+    digest = _kinds(statement)[kind]
+    blob = store / "cas" / "sha256" / digest[:2] / digest[2:]
+    blob.write_bytes(blob.read_bytes() + b" ")
+    proc = cli("audit", str(statement), "--store", str(store))
+    assert proc.returncode == 1
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith(f"first broken link: {kind} ") and digest[:16] in first and "tampered" in first
+
+
+def test_audit_names_a_missing_material(shipped: tuple[Path, Path], tmp_path: Path) -> None:
+    root, statement = shipped
+    shutil.copytree(root / "cas", tmp_path / "cas")
+    digest = _kinds(statement)["transcript"]
+    (tmp_path / "cas" / "sha256" / digest[:2] / digest[2:]).unlink()
+    broken = audit(statement, tmp_path)
+    assert broken and broken[0].startswith("transcript ") and "not in the store" in broken[0]
+
+
+def test_audit_catches_an_edited_module_and_an_edited_statement(shipped: tuple[Path, Path], tmp_path: Path) -> None:
+    root, statement = shipped
+    for name in (statement.name, "softmax_rows.py"):
+        shutil.copy(statement.with_name(name), tmp_path / name)
+    module = tmp_path / "softmax_rows.py"
+    module.write_text(module.read_text().replace("dim=-1", "dim=0"))
+    assert audit(tmp_path / statement.name, root)[0].startswith("subject softmax_rows.py: hashes to")
+    # re-pin the subject to the edited module: the kernel no longer matches the named source
+    st = json.loads((tmp_path / statement.name).read_text())
+    from kforge.store import sha256_bytes
+
+    st["subject"][0]["digest"]["sha256"] = sha256_bytes(module.read_bytes())
+    (tmp_path / statement.name).write_text(json.dumps(st))
+    assert "its kernel is not the source the statement names" in audit(tmp_path / statement.name, root)[0]
