@@ -26,22 +26,47 @@ class Strict(BaseModel):
 
 class AgentConfig(Strict):
     """One agent. ``kind: expert`` is the embedded deterministic agent; ``kind: litellm``
-    calls any model litellm supports (hosted or a local OpenAI-compatible server)."""
+    calls any model litellm supports (hosted or a local OpenAI-compatible server).
+
+    Request settings are *intents*: ``kforge.llm_request`` sends each only where litellm's
+    tables say the model takes it (no ``seed`` to Claude, no ``temperature=0`` to a reasoning
+    model). ``None`` for ``max_tokens`` / ``timeout_s`` means sized for the model: larger for
+    reasoning models, whose hidden tokens count against ``max_tokens`` too."""
 
     kind: Literal["expert", "litellm"]
     model: str = "kforge/expert-v1"
     api_base: str | None = None
     api_key_env: str | None = None  # name of the environment variable holding the key
-    temperature: float = 0.0
-    max_tokens: int = 8192
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    max_tokens: int | None = Field(None, ge=256)  # None: 8192, or 32768 for reasoning models
     seed: int | None = 0
-    timeout_s: float = 120.0
-    num_retries: int = 3
-    concurrency: int = 4
-    input_cost_per_token: float | None = None  # price override (USD); local models: 0
-    output_cost_per_token: float | None = None
-    supports_images: bool = False
+    timeout_s: float | None = Field(None, gt=0)  # None: 120 s, or 600 s for reasoning models
+    num_retries: int = Field(3, ge=0, le=10)
+    concurrency: int = Field(4, ge=1)
+    input_cost_per_token: float | None = Field(None, ge=0)  # price override (USD); local: 0
+    output_cost_per_token: float | None = Field(None, ge=0)
+    supports_images: bool | None = None  # None: litellm's supports_vision decides
     response_format: bool = True  # ask for structured analysis output where supported
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    thinking_budget_tokens: int | None = Field(None, ge=1024)  # Claude / Gemini thinking
+    drop_params: bool = False  # let litellm drop what its tables say the model refuses
+    stream: bool = False  # stream the reply (long answers outlive a read timeout)
+    samples: int = Field(1, ge=1, le=16)  # candidates requested per generation round
+    sample_temperature: float = Field(0.8, ge=0.0, le=2.0)  # samples after the first
+    reasks: int = Field(1, ge=0, le=3)  # re-asks with the parse error before giving up
+    budget_usd: float | None = Field(None, ge=0)  # spend cap for this agent on this store
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AgentConfig:
+        if self.thinking_budget_tokens is not None and self.max_tokens is not None:
+            if self.thinking_budget_tokens >= self.max_tokens:
+                raise ValueError(
+                    f"thinking_budget_tokens ({self.thinking_budget_tokens}) must be below "
+                    f"max_tokens ({self.max_tokens}): the answer needs room after the thinking"
+                )
+        if self.thinking_budget_tokens is not None and self.reasoning_effort is not None:
+            raise ValueError("set reasoning_effort or thinking_budget_tokens, not both")
+        return self
 
 
 class SuiteConfig(Strict):

@@ -2,19 +2,26 @@
 
 Every LLM call in KForge goes through :func:`complete`, which adds what litellm does not::
 
-    LLMRequest ──cache_key──> store action cache ──hit──> stored raw response ──> LLMResult
-                                   │ miss
+    LLMRequest ──cache_key──> store action cache ──hit (a complete answer)──> LLMResult
+                                   │ miss (or only an empty / truncated reply on record)
                                    v
+              spend cap (kforge.llm_budget) ──reached──> LLMBudgetError, no call
+                                   │
               concurrency slot (file locks under <store>/locks/llm/<agent>/, across processes)
                                    │
-              litellm.completion, retried on 408/429/5xx/connection errors with backoff
+              parameters built for this model from litellm's tables (kforge.llm_request)
+                                   │
+              litellm.completion, retried on 408/429/5xx/connection errors with backoff,
+              and without a parameter the server refused with a 400 (kforge.llm_transport)
                                    │
               raw response stored as a blob, cache entry written ──> parsed ──> LLMResult
                                                                     (Transcript stored too)
 
 The cache key is the canonical request (model, kind of api_base, messages, temperature, seed,
-max_tokens, response schema, prompt digest), never the API key, so the same request is never
-paid twice, even when the previous run crashed while parsing the reply.
+max_tokens, response schema, reasoning settings, sample index, prompt digest), never the API
+key, so the same request is never paid twice, even when the previous run crashed while
+parsing the reply. A reply with no content, or cut off at max_tokens, is stored and recorded
+(``LLMResult.incomplete``) but never replayed as an answer: the next run asks again.
 
 Errors are typed and say what to do next::
 
@@ -26,32 +33,27 @@ Errors are typed and say what to do next::
     ├── LLMContextWindowError     the prompt does not fit the model (deterministic per request)
     ├── LLMUnavailableError       408/429/5xx/connection errors left after every retry
     │   └── LLMTimeoutError       every attempt timed out
-    └── LLMResponseError          the server answered, but with no message to read
+    ├── LLMResponseError          the server answered, but with no message to read
+    └── LLMBudgetError            the agent's budget_usd is spent: no new calls
 
 litellm costs ~4-8 s and 200 MB to import: it is imported only inside a call.
 """
 
 from __future__ import annotations
 
-import fcntl
 import ipaddress
-import os
-import random
-import re
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kforge.config import AgentConfig
+from kforge.llm_budget import call_cost, check_budget, record_spend, register_price
 from kforge.llm_errors import (  # re-exported: callers catch them from kforge.llm
     LLMAuthError,
     LLMBadRequestError,
+    LLMBudgetError,
+    LLMConfigError,
     LLMContextWindowError,
     LLMError,
     LLMNotFoundError,
@@ -59,26 +61,37 @@ from kforge.llm_errors import (  # re-exported: callers catch them from kforge.l
     LLMTimeoutError,
     LLMUnavailableError,
 )
+from kforge.llm_transport import (  # re-exported
+    BACKOFF_BASE_S,
+    BACKOFF_CAP_S,
+    LOCAL_DUMMY_KEY,
+    call,
+    concurrency_slot,
+    import_litellm,
+    litellm_version,
+    where,
+)
 from kforge.schema import Role, Transcript, Usage
 from kforge.store import Store, canonical_json, digest_of
 
+__all__ = [
+    "BACKOFF_BASE_S", "BACKOFF_CAP_S", "LOCAL_DUMMY_KEY", "LLMAuthError", "LLMBadRequestError",
+    "LLMBudgetError", "LLMConfigError", "LLMContextWindowError", "LLMError", "LLMNotFoundError",
+    "LLMRequest", "LLMResponseError", "LLMResult", "LLMTimeoutError", "LLMUnavailableError",
+    "api_base_kind", "cache_key", "complete", "concurrency_slot", "import_litellm",
+]
+
 CACHE_VERSION = 1
-BACKOFF_BASE_S = 1.0  # first retry waits about this long, doubling each time
-BACKOFF_CAP_S = 30.0  # and never longer than this, whatever a Retry-After header asks
-SLOT_POLL_S = 0.05
-# How servers litellm does not map say "too long": vLLM, llama.cpp, OpenAI's error code.
-_CONTEXT = re.compile(
-    r"context.length|context.window|context.size|maximum context|exceed_context|prompt is too long",
-    re.IGNORECASE,
-)
-LOCAL_DUMMY_KEY = "sk-kforge-local"  # OpenAI clients insist on a key; local servers ignore it
+LEGACY_MAX_TOKENS = 8192  # the key of an unset max_tokens: the old default, so old keys hold
 
 
 # --------------------------------------------------------------------------- records
 
 
 class LLMRequest(BaseModel):
-    """One chat-completion request, as KForge means it (no key, no transport settings)."""
+    """One chat-completion request, as KForge means it (no key, no transport settings).
+
+    These are intents: :mod:`kforge.llm_request` sends each only where the model takes it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -89,9 +102,12 @@ class LLMRequest(BaseModel):
     messages: list[dict[str, Any]]
     temperature: float = 0.0
     seed: int | None = 0
-    max_tokens: int = 8192
+    max_tokens: int | None = None  # None: sized for the model (kforge.llm_request)
     response_schema: dict[str, Any] | None = None  # an OpenAI ``json_schema`` response format
     prompt_digest: str = ""  # sha256 of the prompt files the messages were rendered from
+    reasoning_effort: str | None = None
+    thinking_budget_tokens: int | None = None
+    sample: int = 0  # best-of-n: the index of this sample (0: the plain request)
 
     @classmethod
     def for_agent(
@@ -103,18 +119,27 @@ class LLMRequest(BaseModel):
         messages: list[dict[str, Any]],
         prompt_digest: str,
         response_schema: dict[str, Any] | None = None,
+        sample: int = 0,
     ) -> LLMRequest:
+        """The request an agent makes; sample ``i > 0`` of best-of-n asks at
+        ``sample_temperature`` (where the model takes a temperature) with its own cache key."""
+        temperature = config.temperature
+        if sample > 0:
+            temperature = max(config.temperature, config.sample_temperature)
         return cls(
             agent=agent,
             role=role,
             model=config.model,
             api_base=config.api_base,
             messages=messages,
-            temperature=config.temperature,
-            seed=config.seed,
+            temperature=temperature,
+            seed=config.seed if sample == 0 or config.seed is None else config.seed + sample,
             max_tokens=config.max_tokens,
             response_schema=response_schema,
             prompt_digest=prompt_digest,
+            reasoning_effort=config.reasoning_effort,
+            thinking_budget_tokens=config.thinking_budget_tokens,
+            sample=sample,
         )
 
 
@@ -130,6 +155,9 @@ class LLMResult(BaseModel):
     cached: bool  # True when no HTTP request was made
     attempts: int = Field(0, description="HTTP attempts made by the call that paid for it")
     cost_known: bool = True
+    incomplete: str | None = None  # "truncated" (hit max_tokens): recorded, never replayed
+    sent: dict[str, Any] = Field(default_factory=dict)  # optional parameters actually sent
+    notes: list[str] = Field(default_factory=list)  # parameters left out, and why
 
 
 # --------------------------------------------------------------------------- cache key
@@ -153,280 +181,82 @@ def api_base_kind(api_base: str | None) -> str:
 
 
 def cache_key(request: LLMRequest) -> str:
-    return digest_of(
-        {
-            "v": CACHE_VERSION,
-            "model": request.model,
-            "api_base": api_base_kind(request.api_base),
-            "messages": request.messages,
-            "temperature": request.temperature,
-            "seed": request.seed,
-            "max_tokens": request.max_tokens,
-            "response_schema": request.response_schema,
-            "prompt_digest": request.prompt_digest,
-        }
-    )
-
-
-# --------------------------------------------------------------------------- concurrency
-
-
-def _slot_folder(root: Path, name: str) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "_"
-    return root / "locks" / "llm" / safe
-
-
-@contextmanager
-def concurrency_slot(root: Path, name: str, slots: int) -> Iterator[int]:
-    """Hold one of ``slots`` file locks under ``root``: at most ``slots`` holders at once across
-    every process and thread using the same root and name. Yields the slot index."""
-    folder = _slot_folder(root, name)
-    folder.mkdir(parents=True, exist_ok=True)
-    while True:
-        for index in range(max(1, slots)):
-            fd = os.open(folder / f"slot-{index}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            try:
-                yield index
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                os.close(fd)
-            return
-        time.sleep(SLOT_POLL_S)
-
-
-# --------------------------------------------------------------------------- litellm
-
-
-_registered: dict[str, tuple[float, float]] = {}
-_register_lock = threading.Lock()
-
-
-def import_litellm() -> Any:
-    """litellm, imported on first use with the offline price table (never at module top)."""
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm
-
-    litellm.suppress_debug_info = True
-    litellm.telemetry = False
-    return litellm
-
-
-def _openai_error() -> type[BaseException]:
-    import openai  # litellm's own dependency: every litellm API exception derives from this
-
-    return openai.OpenAIError
-
-
-def litellm_version() -> str:
-    from importlib.metadata import version
-
-    return version("litellm")
-
-
-def _where(config: AgentConfig) -> str:
-    return f"model {config.model!r} at {config.api_base or 'the provider default endpoint'}"
-
-
-def _api_key(config: AgentConfig) -> str | None:
-    if config.api_key_env:
-        key = os.environ.get(config.api_key_env)
-        if not key:
-            raise LLMAuthError(
-                f"{_where(config)}: the environment variable {config.api_key_env} named by "
-                f"api_key_env is not set; export it with the API key, or remove api_key_env",
-                model=config.model,
-                api_base=config.api_base,
-            )
-        return key
-    return LOCAL_DUMMY_KEY if config.api_base else None  # None: litellm reads provider vars
-
-
-def _register_price(litellm: Any, config: AgentConfig) -> None:
-    """Make litellm price the model from the config override (0.0 for local models)."""
-    if config.input_cost_per_token is None and config.output_cost_per_token is None:
-        return
-    price = (config.input_cost_per_token or 0.0, config.output_cost_per_token or 0.0)
-    with _register_lock:
-        if _registered.get(config.model) == price:
-            return
-        provider = config.model.split("/", 1)[0] if "/" in config.model else "openai"
-        litellm.register_model(
-            {
-                config.model: {
-                    "input_cost_per_token": price[0],
-                    "output_cost_per_token": price[1],
-                    "litellm_provider": provider,
-                    "mode": "chat",
-                }
-            }
-        )
-        _registered[config.model] = price
-
-
-def _cost(litellm: Any, response: Any, config: AgentConfig, usage: Usage) -> tuple[float, bool]:
-    if config.input_cost_per_token is not None or config.output_cost_per_token is not None:
-        return (
-            usage.prompt_tokens * (config.input_cost_per_token or 0.0)
-            + usage.completion_tokens * (config.output_cost_per_token or 0.0),
-            True,
-        )
-    try:
-        cost = litellm.completion_cost(completion_response=response, model=config.model)
-    except Exception:  # litellm raises bare Exceptions for unmapped models
-        return 0.0, False
-    return (float(cost), True) if cost is not None else (0.0, False)
-
-
-def _retry_after(exc: BaseException) -> float | None:
-    headers = getattr(exc, "litellm_response_headers", None)
-    if headers is None:
-        headers = getattr(getattr(exc, "response", None), "headers", None)
-    if not headers:
-        return None
-    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        value = headers.get(name)
-        if value is None:
-            continue
-        try:
-            return max(0.0, float(value) * scale)
-        except ValueError:
-            return None
-    return None
-
-
-def _backoff(attempt: int, exc: BaseException) -> float:
-    asked = _retry_after(exc)
-    if asked is not None:
-        return min(asked, BACKOFF_CAP_S)
-    return min(BACKOFF_BASE_S * float(2**attempt), BACKOFF_CAP_S) * random.uniform(0.75, 1.0)
-
-
-def _classify(litellm: Any, exc: BaseException, config: AgentConfig) -> LLMError | None:
-    """A typed error for a litellm/OpenAI exception, or None when it is worth retrying."""
-    status = getattr(exc, "status_code", None)
-    detail = " ".join(str(exc).split())[:600]
-    where = _where(config)
-    kw: dict[str, Any] = {"model": config.model, "api_base": config.api_base}
-    if isinstance(exc, litellm.ContextWindowExceededError) or (
-        status in (400, 413, 422) and _CONTEXT.search(f"{detail} {getattr(exc, 'code', '')}")
-    ):
-        return LLMContextWindowError(
-            f"{where}: the prompt exceeds the model's context window ({detail}); shorten the "
-            f"problem or the feedback, raise the server's context length, or pick a larger model",
-            **kw,
-        )
-    if isinstance(exc, litellm.Timeout | litellm.APIConnectionError) or status is None:
-        return None
-    if status in (408, 409, 429) or status >= 500:
-        return None
-    if status in (401, 403):
-        key = f"${config.api_key_env}" if config.api_key_env else "the provider's key variable"
-        return LLMAuthError(f"{where}: refused ({status}): {detail}; check the key in {key}", **kw)
-    if status == 404:
-        return LLMNotFoundError(
-            f"{where}: not found (404): {detail}; check the model name and api_base (an "
-            f"OpenAI-compatible server wants model 'openai/<served name>' and an api_base "
-            f"ending in /v1)",
-            **kw,
-        )
-    return LLMBadRequestError(f"{where}: request refused ({status}): {detail}", **kw)
-
-
-def _call(litellm: Any, request: LLMRequest, config: AgentConfig) -> tuple[Any, int, float]:
-    """POST the request, retrying transient failures; returns (response, attempts, seconds)."""
-    kwargs: dict[str, Any] = {
+    parts: dict[str, Any] = {
+        "v": CACHE_VERSION,
         "model": request.model,
+        "api_base": api_base_kind(request.api_base),
         "messages": request.messages,
         "temperature": request.temperature,
-        "max_tokens": request.max_tokens,
-        "timeout": config.timeout_s,
-        "num_retries": 0,  # retries are ours: bounded, typed, counted
-        "max_retries": 0,  # and the OpenAI client's own retries are off
-        "api_key": _api_key(config),
+        "seed": request.seed,
+        "max_tokens": request.max_tokens if request.max_tokens is not None else LEGACY_MAX_TOKENS,
+        "response_schema": request.response_schema,
+        "prompt_digest": request.prompt_digest,
     }
-    if request.api_base:
-        kwargs["api_base"] = request.api_base
-    if request.seed is not None:
-        kwargs["seed"] = request.seed
-    if request.response_schema is not None:
-        kwargs["response_format"] = request.response_schema
-    attempts = config.num_retries + 1
-    start = time.monotonic()
-    for attempt in range(attempts):
-        try:
-            response = litellm.completion(**kwargs)
-            return response, attempt + 1, time.monotonic() - start
-        except Exception as exc:
-            if not isinstance(exc, _openai_error()):
-                raise
-            typed = _classify(litellm, exc, config)
-            if typed is not None:
-                raise typed from exc
-            if attempt + 1 == attempts:
-                elapsed = time.monotonic() - start
-                detail = " ".join(str(exc).split())[:600]
-                cls = LLMTimeoutError if isinstance(exc, litellm.Timeout) else LLMUnavailableError
-                raise cls(
-                    f"{_where(config)}: gave up after {attempts} attempts in {elapsed:.1f} s "
-                    f"(last: {detail}); the service is down, slow or rate-limiting: rerun "
-                    f"later, raise timeout_s/num_retries, or lower concurrency",
-                    model=config.model,
-                    api_base=config.api_base,
-                ) from exc
-            time.sleep(_backoff(attempt, exc))
-    raise AssertionError("unreachable")
+    # Settings added later enter the key only when set, so earlier keys (and paid calls) hold.
+    for name in ("reasoning_effort", "thinking_budget_tokens"):
+        if getattr(request, name) is not None:
+            parts[name] = getattr(request, name)
+    if request.sample:
+        parts["sample"] = request.sample
+    return digest_of(parts)
 
 
 # --------------------------------------------------------------------------- complete
 
 
-def _content(raw: dict[str, Any], config: AgentConfig) -> tuple[str, str | None]:
+def _content(raw: dict[str, Any]) -> tuple[str | None, str | None]:
     choices = raw.get("choices") or []
-    message = (choices[0] or {}).get("message") or {} if choices else {}
-    content = message.get("content")
-    if not isinstance(content, str):
-        raise LLMResponseError(
-            f"{_where(config)}: the response holds no message content (choices: {len(choices)}, "
-            f"finish_reason: {choices[0].get('finish_reason') if choices else None})",
-            model=config.model,
-            api_base=config.api_base,
-        )
-    return content, choices[0].get("finish_reason")
+    first = (choices[0] or {}) if choices else {}
+    content = (first.get("message") or {}).get("content")
+    return (content if isinstance(content, str) else None), first.get("finish_reason")
+
+
+def _incomplete(content: str | None, finish: str | None) -> str | None:
+    """Why a stored reply is not an answer to replay: ``empty`` or ``truncated``."""
+    if content is None or not content.strip():
+        return "empty"
+    return "truncated" if finish == "length" else None
 
 
 def complete(request: LLMRequest, *, store: Store, config: AgentConfig) -> LLMResult:
-    """Answer ``request`` from the store if it was ever paid for, else call the model once.
+    """Answer ``request`` from the store if a complete answer was ever paid for, else call the
+    model once. An empty reply raises :class:`LLMResponseError`; a truncated one is returned
+    with ``incomplete="truncated"``; neither is replayed by a later call.
 
-    Raises an :class:`LLMError` subclass; never returns a partial result.
+    Raises an :class:`LLMError` subclass; never returns a partial result silently.
     """
     key = cache_key(request)
-    entry = store.action_get(key)
+    entry = _answer(store, key)
     cached = entry is not None
     if entry is None:
         with concurrency_slot(store.root, request.agent, config.concurrency):
-            entry = store.action_get(key)  # another process may have paid while we waited
+            entry = _answer(store, key)  # another process may have paid while we waited
             cached = entry is not None
             if entry is None:
                 entry = _pay(request, store=store, config=config, key=key)
     raw = store.get_json(entry["response"])
-    content, finish = _content(raw, config)
+    content, finish = _content(raw)
     usage = Usage.model_validate(entry["usage"])
     transcript = Transcript(
         agent=request.agent,
         model=request.model,
         role=request.role,
         messages=request.messages,
-        response=content,
+        response=content or "",
         usage=usage,
         latency_s=entry["latency_s"],
         litellm_version=entry["litellm_version"],
         request_digest=key,
     )
+    if content is None or not content.strip():
+        raise LLMResponseError(
+            f"{where(config)}: the response holds no message content (choices: "
+            f"{len(raw.get('choices') or [])}, finish_reason: {finish}); recorded, and asked "
+            f"again on the next run" + (" (raise max_tokens: a reasoning model may have spent "
+                                        "them all thinking)" if finish == "length" else ""),
+            model=config.model,
+            api_base=config.api_base,
+        )
     return LLMResult(
         content=content,
         finish_reason=finish,
@@ -437,31 +267,50 @@ def complete(request: LLMRequest, *, store: Store, config: AgentConfig) -> LLMRe
         cached=cached,
         attempts=entry["attempts"],
         cost_known=entry["cost_known"],
+        incomplete=entry.get("incomplete"),
+        sent=entry.get("sent", {}),
+        notes=entry.get("notes", []),
     )
 
 
+def _answer(store: Store, key: str) -> dict[str, Any] | None:
+    entry = store.action_get(key)
+    return None if entry is None or entry.get("incomplete") else entry
+
+
 def _pay(request: LLMRequest, *, store: Store, config: AgentConfig, key: str) -> dict[str, Any]:
+    from kforge.llm_request import default_max_tokens, default_timeout_s, model_caps
+
     litellm = import_litellm()
-    _register_price(litellm, config)
-    response, attempts, seconds = _call(litellm, request, config)
-    raw = response.model_dump(mode="json")
+    check_budget(store.root, request.agent, config, litellm)
+    register_price(litellm, config)
+    caps = model_caps(request.model)
+    if request.max_tokens is None:
+        request = request.model_copy(update={"max_tokens": default_max_tokens(config, caps)})
+    paid = call(litellm, request, config, caps, default_timeout_s(config, caps))
+    raw = paid.response.model_dump(mode="json")
     response_digest = store.put_bytes(canonical_json(raw))  # stored before anything parses it
     tokens = raw.get("usage") or {}
     usage = Usage(
         prompt_tokens=int(tokens.get("prompt_tokens") or 0),
         completion_tokens=int(tokens.get("completion_tokens") or 0),
     )
-    cost, known = _cost(litellm, response, config, usage)
+    cost = call_cost(litellm, paid.response, config, usage)
+    record_spend(store.root, request.agent, model=request.model, cost=cost, key=key)
     usage = usage.model_copy(update={"cost_usd": cost})
+    content, finish = _content(raw)
     entry = {
         "response": response_digest,
         "usage": usage.model_dump(mode="json"),
-        "cost_known": known,
-        "latency_s": round(seconds, 6),
-        "attempts": attempts,
+        "cost_known": cost is not None,
+        "latency_s": round(paid.seconds, 6),
+        "attempts": paid.attempts,
         "litellm_version": litellm_version(),
         "model": request.model,
         "api_base_kind": api_base_kind(request.api_base),
+        "sent": paid.sent,
+        "notes": paid.notes,
+        "incomplete": _incomplete(content, finish),
     }
     store.action_put(key, entry, blobs=[response_digest])
     return entry

@@ -8,7 +8,8 @@
     ├── LLMContextWindowError (the prompt does not fit)
     ├── LLMUnavailableError (408/429/5xx/connection errors outlasted every retry)
     │   └── LLMTimeoutError
-    └── LLMResponseError (200 without message content)
+    ├── LLMResponseError (200 without message content)
+    └── LLMBudgetError (the agent's budget_usd is spent: no new calls)
 """
 
 from __future__ import annotations
@@ -53,3 +54,8 @@ class LLMTimeoutError(LLMUnavailableError):
 
 class LLMResponseError(LLMError):
     """The server answered 200 but the answer holds no message content."""
+
+
+class LLMBudgetError(LLMError):
+    """The agent's spend cap (``budget_usd``) is reached, or cannot be kept (unknown price):
+    no new call is made. Raise the cap and rerun; paid calls are cached."""

@@ -148,7 +148,7 @@ class Profile(Record):
 class Usage(Record):
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float | None = 0.0  # None: the model's price is unknown (never reported as 0)
 
 
 class Transcript(Record):
@@ -182,10 +182,34 @@ class Action(Record):
 
 
 class Recommendation(Record):
-    bottleneck: Literal["memory", "compute", "latency", "launch", "unknown"]
+    # "other": the analyst named something else; "unknown": no usable analysis
+    bottleneck: Literal["memory", "compute", "latency", "launch", "other", "unknown"]
     evidence: dict[str, float] = Field(default_factory=dict)
     actions: list[Action] = Field(default_factory=list)
     summary: str = ""
+
+
+class Attempt(Record):
+    """One earlier round, as an agent is shown it in the attempt ledger."""
+
+    round: int
+    mode: str  # initial, repair, optimize, carry
+    tried: str = ""  # what the round set out to do (the recommendation it followed, ...)
+    verdict: str = ""  # the verifier's reason code ("ok" when it verified)
+    candidate_ms: float | None = None
+    best: bool = False  # the fastest verified round so far
+
+
+class AgentContext(Record):
+    """What an LLM agent is told beyond the problem: the target device (measured), the
+    contract the verifier enforces, and in later rounds the timings and the attempt ledger."""
+
+    device: dict[str, Any] = Field(default_factory=dict)  # measured peaks + device properties
+    preset: str = ""  # the size preset the candidate is timed at
+    timed_sizes: dict[str, int] = Field(default_factory=dict)
+    timings: dict[str, float] = Field(default_factory=dict)  # candidate/eager/compile ms, ...
+    ledger: list[Attempt] = Field(default_factory=list)
+    best_source: str | None = None  # the fastest verified kernel so far, when not the previous
 
 
 class GenerationRequest(Record):
@@ -201,6 +225,7 @@ class GenerationRequest(Record):
     recommendation: Recommendation | None = None
     transfer_source: str | None = None  # a verified kernel from another platform
     transfer_platform: str | None = None
+    context: AgentContext | None = None  # LLM agents' context (None: the embedded agent)
 
 
 class GenerationResult(Record):
@@ -218,6 +243,8 @@ class AnalysisRequest(Record):
     plan: dict[str, Any] = Field(default_factory=dict)
     profile: Profile
     timeline_png: str | None = None  # base64 picture of the profile, for models that see images
+    problem_source: str | None = None  # the reference Model (LLM analysts read it)
+    context: AgentContext | None = None
 
 
 class AnalysisResult(Record):

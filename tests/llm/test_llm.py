@@ -168,18 +168,26 @@ def test_a_connection_refused_is_retried_then_typed(store: Store) -> None:
         complete(request(gone), store=store, config=config)
 
 
-def test_the_raw_response_is_stored_before_it_is_parsed(
-    server: ScriptedServer, store: Store
-) -> None:
-    server.script(ok(None))  # a 200 with no message content
+def test_an_empty_reply_is_stored_but_never_replayed(server: ScriptedServer, store: Store) -> None:
+    server.script(ok(None), ok("now an answer"))  # a 200 with no message content, then one
     with pytest.raises(LLMResponseError, match="no message content"):
         complete(request(server), store=store, config=agent_config(server))
-    # paid for, stored, and not paid again: the second call fails the same way, offline
-    with pytest.raises(LLMResponseError):
-        complete(request(server), store=store, config=agent_config(server))
-    assert len(server.received) == 1
     entry = store.action_get(cache_key(request(server)))
-    assert entry is not None and store.get_json(entry["response"])["choices"]
+    assert entry is not None and entry["incomplete"] == "empty"
+    assert store.get_json(entry["response"])["choices"]  # the raw response is kept
+    again = complete(request(server), store=store, config=agent_config(server))
+    assert again.content == "now an answer" and not again.cached and len(server.received) == 2
+    assert complete(request(server), store=store, config=agent_config(server)).cached
+
+
+def test_a_truncated_reply_is_returned_marked_and_asked_again(
+    server: ScriptedServer, store: Store
+) -> None:
+    server.script(ok("```python\nclass ModelNew", finish_reason="length"), ok("whole"))
+    first = complete(request(server), store=store, config=agent_config(server))
+    assert first.incomplete == "truncated" and first.finish_reason == "length"
+    second = complete(request(server), store=store, config=agent_config(server))
+    assert second.content == "whole" and second.incomplete is None and len(server.received) == 2
 
 
 def test_api_base_kind() -> None:
