@@ -22,6 +22,7 @@ reason                 meaning
 from __future__ import annotations
 
 import ast
+import json
 import re
 from dataclasses import dataclass, field
 
@@ -146,3 +147,107 @@ def extract_code(reply: str) -> tuple[str | None, str]:
     """``(source, reason)``: the candidate module in ``reply``, or None and why not."""
     found = extract(reply)
     return found.source, found.reason
+
+
+# --------------------------------------------------------------------------- recommendations
+# An analyst's JSON is read leniently: what a model commonly gets "wrong" without being wrong
+# (an extra key, "85%" for 85, "memory-bound" for memory, one action instead of a list) is
+# normalised before validation; only a reply with no usable JSON object is a failure.
+
+BOTTLENECKS = ("memory", "compute", "latency", "launch", "other", "unknown")
+_SYNONYMS = {
+    "bandwidth": "memory", "dram": "memory", "cache": "memory", "memory_bound": "memory",
+    "flops": "compute", "math": "compute", "tensor": "compute", "compute_bound": "compute",
+    "occupancy": "latency", "stall": "latency", "latency_bound": "latency",
+    "overhead": "launch", "kernel_launch": "launch", "launch_overhead": "launch",
+}
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_TRAILING_COMMA = re.compile(r",\s*([}\]])")
+
+
+def number(value: object) -> float | None:
+    """A number from ``85``, ``"85%"`` (85), ``"1.4x"`` (1.4), ``"12.5 GB/s"``; else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        found = _NUMBER.search(value.replace(",", ""))
+        return float(found.group(0)) if found else None
+    return None
+
+
+def bottleneck_name(value: object) -> str:
+    """One of :data:`BOTTLENECKS`: exact, a synonym or prefix ("memory-bound"), else other."""
+    text = re.sub(r"[\s-]+", "_", str(value or "").strip().lower())
+    if text in BOTTLENECKS:
+        return text
+    for word in (text, text.split("_", 1)[0]):
+        if word in BOTTLENECKS:
+            return word
+        if word in _SYNONYMS:
+            return _SYNONYMS[word]
+    return "other" if text else "unknown"
+
+
+def _action(raw: object) -> dict[str, object] | None:
+    if isinstance(raw, str):
+        return {"kind": "other", "rationale": raw}
+    if not isinstance(raw, dict):
+        return None
+    params = raw.get("params", {})
+    gain = raw.get("expected_gain", 1.0)
+    value = number(gain)
+    if isinstance(gain, str) and gain.strip().endswith("%") and value is not None:
+        value = 1.0 + value / 100.0  # "+30%" as an x-fold gain
+    return {
+        "kind": str(raw.get("kind") or "other").strip().lower() or "other",
+        "params": params if isinstance(params, dict) else {"value": params},
+        "expected_gain": value if value is not None and value > 0 else 1.0,
+        "rationale": str(raw.get("rationale") or ""),
+    }
+
+
+def normalise_recommendation(data: dict[str, object]) -> dict[str, object]:
+    """The fields of a Recommendation from a model's JSON object, leniently (see above)."""
+    inner = data.get("recommendation")
+    if "bottleneck" not in data and isinstance(inner, dict):
+        data = inner
+    evidence = data.get("evidence") or {}
+    actions = data.get("actions") or []
+    if isinstance(actions, dict):
+        actions = [actions]
+    return {
+        "bottleneck": bottleneck_name(data.get("bottleneck")),
+        "evidence": {
+            str(k): v
+            for k, v in ((k, number(v)) for k, v in (evidence.items() if isinstance(evidence, dict) else []))
+            if v is not None
+        },
+        "actions": [a for a in (_action(x) for x in actions if x is not None) if a is not None]
+        if isinstance(actions, list)
+        else [],
+        "summary": str(data.get("summary") or ""),
+    }
+
+
+def json_object(reply: str) -> tuple[dict[str, object] | None, str | None]:
+    """The first JSON object in ``reply`` (bare, or in a fence), or None and why not."""
+    body = reply.strip()
+    blocks = [b for b in fenced_blocks(body) if "{" in b.text]
+    if blocks:
+        body = blocks[0].text
+    start, end = body.find("{"), body.rfind("}")
+    if start < 0 or end <= start:
+        return None, "no JSON object in the reply"
+    text = body[start : end + 1]
+    for attempt in (text, _TRAILING_COMMA.sub(r"\1", text)):
+        try:
+            data = json.loads(attempt)
+        except ValueError as err:
+            problem = f"the JSON does not parse ({err})"
+            continue
+        if isinstance(data, dict):
+            return data, None
+        problem = "the JSON is not an object"
+    return None, problem

@@ -157,18 +157,29 @@ def test_analysis_without_response_format_parses_json_from_text(
     "reply",
     [
         '{"bottleneck": "memory", "actions": [',  # cut-off JSON
-        '{"bottleneck": "gpu-ish", "summary": "x"}',  # not one of the allowed values
         "I think it is memory bound.",  # no JSON at all
     ],
 )
-def test_malformed_analysis_is_a_recorded_failure(
+def test_malformed_analysis_is_reasked_once_then_a_recorded_failure(
     server: ScriptedServer, store: Store, reply: str
 ) -> None:
-    server.script(ok(reply))
+    server.script(ok(reply), ok(reply))
     result = agent(server, store).analyze(analysis_request())
     assert result.recommendation.bottleneck == "unknown" and result.recommendation.actions == []
     assert result.transcript.error and result.transcript.response == reply
     assert store.has(store.put_json(result.transcript))
+    assert len(server.received) == 2  # one bounded re-ask, carrying the parse error
+    reask = server.received[1].body["messages"]
+    assert reask[-2] == {"role": "assistant", "content": reply}
+    assert "could not be used" in reask[-1]["content"] and result.transcript.error in reask[-1]["content"]
+    assert result.transcript.usage.prompt_tokens == 240  # both calls counted
+
+
+def test_a_reask_repairs_a_malformed_analysis(server: ScriptedServer, store: Store) -> None:
+    server.script(ok("Memory bound, I think."), ok(json.dumps(RECOMMENDATION)))
+    result = agent(server, store).analyze(analysis_request())
+    assert result.recommendation == Recommendation.model_validate(RECOMMENDATION)
+    assert result.transcript.error is None and len(server.received) == 2
 
 
 def test_an_image_part_is_sent_when_the_model_sees_images(
@@ -229,11 +240,13 @@ def test_a_bad_key_is_not_swallowed(server: ScriptedServer, store: Store) -> Non
 def test_unusable_replies_are_recorded_failures(
     server: ScriptedServer, store: Store, reply: str, reason: str, finish: str
 ) -> None:
-    server.script(ok(reply, finish_reason=finish))
+    server.script(ok(reply, finish_reason=finish), ok(reply, finish_reason=finish))
     result = agent(server, store).generate(generation_request())
     assert result.source is None and result.extraction == reason
     assert result.transcript.error and reason in result.transcript.error
     assert result.transcript.response == reply
+    # prose is re-asked once with the reason; a cut-off reply is not (it would be cut again)
+    assert len(server.received) == (2 if reason == "no_code_block" else 1)
 
 
 def test_two_blocks_pick_the_one_defining_model_new(server: ScriptedServer, store: Store) -> None:
@@ -254,7 +267,27 @@ def test_the_same_generation_twice_is_one_request(server: ScriptedServer, store:
 
 
 def test_parse_recommendation_reports_what_is_wrong() -> None:
-    rec, problem = parse_recommendation('{"bottleneck": "memory", "evidence": {"x": "lots"}}')
-    assert rec is None and problem and "evidence.x" in problem
+    rec, problem = parse_recommendation('{"bottleneck": "memory", "evidence": {"x": 1,}')
+    assert rec is None and problem and "does not parse" in problem
+    rec, problem = parse_recommendation("[1, 2]")
+    assert rec is None and problem == "no JSON object in the reply"
     rec, problem = parse_recommendation(json.dumps(RECOMMENDATION))
     assert problem is None and rec is not None and rec.bottleneck == "memory"
+
+
+def test_parse_recommendation_is_lenient() -> None:
+    reply = json.dumps({
+        "bottleneck": "Memory-bound", "confidence": "high",  # an extra key, a synonym
+        "evidence": {"bandwidth_utilisation": "85%", "note": "lots", "achieved_gbps": "41 GB/s"},
+        "actions": {"kind": "Fuse", "params": "bias+relu", "expected_gain": "1.4x", "extra": 1},
+        "summary": "fuse",
+    })
+    rec, problem = parse_recommendation(reply)
+    assert problem is None and rec is not None and rec.bottleneck == "memory"
+    assert rec.evidence == {"bandwidth_utilisation": 85.0, "achieved_gbps": 41.0}
+    assert rec.actions[0].kind == "fuse" and rec.actions[0].expected_gain == 1.4
+    assert rec.actions[0].params == {"value": "bias+relu"}
+    other, _ = parse_recommendation('{"bottleneck": "gpu-ish", "summary": "x",}')
+    assert other is not None and other.bottleneck == "other"
+    percent, _ = parse_recommendation('{"bottleneck": "compute", "actions": [{"kind": "tile", "expected_gain": "+30%"}]}')
+    assert percent is not None and percent.actions[0].expected_gain == pytest.approx(1.3)
