@@ -2,6 +2,14 @@
 
 The digests of these files are part of every agent call's cache key, and of the Snakemake
 ``params`` of the stages that use them, so editing a prompt reruns exactly the stages it feeds.
+A template's sections (``contract.md``, ``device.md``, ``progress.md``: :data:`INCLUDES`) are
+part of its digest.
+
+What an LLM agent is told (``GenerationRequest.context`` / ``AnalysisRequest.context``, built
+by ``kforge.stages.agent_calls.agent_context``): the device sheet (measured peaks and the
+device's properties), the contract (timed sizes, tolerance, the verifier's reason codes), and
+in later rounds the candidate's timings against eager and torch.compile and the ledger of
+every earlier round. The analyst also sees the reference ``Model``.
 """
 
 from __future__ import annotations
@@ -12,7 +20,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-from kforge.schema import TOLERANCES, AnalysisRequest, Feedback, GenerationRequest, Profile
+from kforge.schema import (
+    TOLERANCES,
+    AgentContext,
+    AnalysisRequest,
+    Feedback,
+    GenerationRequest,
+    Policy,
+    Profile,
+)
 
 # KFORGE_PROMPTS_DIR points at another copy of the prompt files (a prompt experiment, a test).
 PROMPTS_DIR = Path(
@@ -25,12 +41,21 @@ def prompt_text(name: str) -> str:
     return (PROMPTS_DIR / f"{name}.md").read_text()
 
 
+# The section files each template is rendered with: part of the template's digest.
+INCLUDES: dict[str, tuple[str, ...]] = {
+    "generate": ("contract", "device", "progress"),
+    "analyze": ("contract", "device", "progress"),
+}
+
+
 def prompt_digest(*names: str) -> str:
-    """sha256 over the named prompt files (a cache-key part and a Snakemake param)."""
+    """sha256 over the named prompt files and the sections they include (a cache-key part
+    and a Snakemake param)."""
     h = hashlib.sha256()
     for name in names:
-        h.update(name.encode())
-        h.update(prompt_text(name).encode())
+        for part in (name, *INCLUDES.get(name, ())):
+            h.update(part.encode())
+            h.update(prompt_text(part).encode())
     return h.hexdigest()
 
 
@@ -110,6 +135,93 @@ def _feedback_section(items: list[Feedback]) -> str:
     return "".join(parts)
 
 
+# --------------------------------------------------------------------------- context
+
+# Device facts worth a model's attention, in order, with their units; noise (clocks, host
+# name, when it was measured, sandbox mode) stays out.
+DEVICE_FACTS = (
+    ("device_name", "device", ""),
+    ("compute_capability", "compute capability", ""),
+    ("sms", "SMs", ""),
+    ("shared_memory_per_sm_kib", "shared memory per SM", " KiB"),
+    ("shared_memory_per_block_kib", "shared memory per block (opt-in max)", " KiB"),
+    ("registers_per_sm", "32-bit registers per SM", ""),
+    ("l2_cache_mib", "L2 cache", " MiB"),
+    ("memory_gib", "device memory", " GiB"),
+    ("cores", "CPU cores available", ""),
+    ("isa", "vector ISA", ""),
+    ("l2_cache_kib", "L2 cache per core", " KiB"),
+    ("l3_cache_mib", "last-level cache", " MiB"),
+    ("copy_gbps", "measured copy bandwidth (DRAM-sized buffers)", " GB/s"),
+    ("read_gbps", "measured streaming read bandwidth", " GB/s"),
+    ("cache_copy_gbps", "measured copy bandwidth (cache-resident buffers)", " GB/s"),
+    ("rated_gbps", "rated DRAM bandwidth", " GB/s"),
+    ("matmul_gflops", "measured fp32 matmul", " GFLOP/s"),
+    ("tf32_gflops", "measured TF32 tensor-core matmul", " GFLOP/s"),
+    ("bf16_gflops", "measured bf16 tensor-core matmul", " GFLOP/s"),
+    ("policy_matmul_gflops", "matmul ceiling this policy allows", " GFLOP/s"),
+)
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:,.1f}" if value >= 100 else f"{value:.4g}"
+    return str(value)
+
+
+def device_section(context: AgentContext | None) -> str:
+    if context is None or not context.device:
+        return ""
+    lines = [
+        f"- {label}: {_fmt(context.device[key])}{unit}"
+        for key, label, unit in DEVICE_FACTS
+        if context.device.get(key) not in (None, "", 0, 0.0)
+    ]
+    return "\n" + prompt_text("device").format(device_sheet="\n".join(lines))
+
+
+def contract_section(context: AgentContext | None, policy: Policy) -> str:
+    if context is None:
+        return ""
+    sizes = ", ".join(f"{k} = {v}" for k, v in sorted(context.timed_sizes.items())) or "as written"
+    return "\n" + prompt_text("contract").format(
+        preset=context.preset or "suite", timed_sizes=sizes, policy=policy,
+        tolerance=TOLERANCES[policy],
+    )
+
+
+def progress_section(context: AgentContext | None) -> str:
+    if context is None or not context.ledger:
+        return ""
+    t = context.timings
+    parts = []
+    if "candidate_ms" in t:
+        parts.append(f"- the previous candidate: {t['candidate_ms']:.4f} ms")
+    for key, label in (("eager_ms", "PyTorch eager"), ("compile_ms", "torch.compile")):
+        if key in t:
+            ratio = f" (speedup {t[key] / t['candidate_ms']:.2f}x)" if t.get("candidate_ms") else ""
+            parts.append(f"- {label}: {t[key]:.4f} ms{ratio}")
+    if "roofline_ms" in t:
+        frac = f", the candidate reaches {t['roofline_fraction']:.1%} of it" if "roofline_fraction" in t else ""
+        parts.append(f"- roofline floor: {t['roofline_ms']:.4f} ms{frac}")
+    if "max_abs_err" in t:
+        parts.append(f"- its largest error: {t['max_abs_err']:.3g} (tolerance {t.get('tolerance', 0):.0e})")
+    rows = [
+        f"| {a.round}{' (best)' if a.best else ''} | {a.mode} | {a.tried or '-'} | {a.verdict or '-'} "
+        f"| {'-' if a.candidate_ms is None else f'{a.candidate_ms:.4f}'} |"
+        for a in context.ledger
+    ]
+    best = ""
+    if context.best_source:
+        best = (
+            "\nThe fastest verified kernel so far is not the previous candidate; here it is:\n"
+            f"```python\n{context.best_source}\n```\n"
+        )
+    return "\n" + prompt_text("progress").format(
+        timings="\n".join(parts) or "- not timed yet", ledger="\n".join(rows), best=best
+    )
+
+
 def render_generation_messages(req: GenerationRequest) -> list[dict[str, str]]:
     transfer = ""
     if req.transfer_source:
@@ -143,6 +255,9 @@ def render_generation_messages(req: GenerationRequest) -> list[dict[str, str]]:
         previous=previous,
         feedback=_feedback_section(req.feedback),
         recommendation=recommendation,
+        contract=contract_section(req.context, req.policy),
+        device=device_section(req.context),
+        progress=progress_section(req.context),
     )
     return [
         {"role": "system", "content": prompt_text("system")},
@@ -174,11 +289,18 @@ def profile_summary(profile: Profile) -> str:
 
 
 def render_analysis_messages(req: AnalysisRequest) -> list[dict[str, str]]:
+    reference = ""
+    if req.problem_source:
+        reference = f"\n## Reference (`Model`)\n```python\n{req.problem_source}\n```\n"
     user = prompt_text("analyze").format(
         platform=req.platform,
         policy=req.policy,
         candidate_source=req.candidate_source,
         profile_summary=profile_summary(req.profile),
+        reference=reference,
+        contract=contract_section(req.context, req.policy),
+        device=device_section(req.context),
+        progress=progress_section(req.context),
     )
     return [
         {"role": "system", "content": prompt_text("system")},

@@ -82,10 +82,15 @@ def test_attach_image_turns_the_user_message_into_parts() -> None:
 
 def test_prompt_digest_follows_the_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     before = prompt_digest("system", "generate")
-    for name in ("system", "generate", "analyze"):
+    names = ("system", "generate", "analyze", "contract", "device", "progress")
+    for name in names:
         (tmp_path / f"{name}.md").write_text(prompting.prompt_text(name))
     monkeypatch.setattr(prompting, "PROMPTS_DIR", tmp_path)
     assert prompt_digest("system", "generate") == before
     (tmp_path / "generate.md").write_text(prompting.prompt_text("generate") + "\nBe brief.\n")
     assert prompt_digest("system", "generate") != before
     assert prompt_digest("system", "analyze") != prompt_digest("system", "generate")
+    # a section a template includes is part of its digest
+    analyze_before = prompt_digest("system", "analyze")
+    (tmp_path / "contract.md").write_text(prompting.prompt_text("contract") + "\nMore.\n")
+    assert prompt_digest("system", "analyze") != analyze_before
