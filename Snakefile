@@ -16,3 +16,4 @@ rule all:
     default_target: True
     input:
         f"{ROOT}/report.parquet",
+        f"{ROOT}/report.html",

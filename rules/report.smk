@@ -39,13 +39,27 @@ rule tables:
 
 
 rule report:
-    """One row per agent x platform x problem: status, speedups, precision policy, cost."""
+    """One row per agent x platform x problem (status, speedups, policy, cost) and the suite summary."""
     input:
         selections=PLAN.selections(),
         tables=rules.tables.output,
     output:
-        f"{ROOT}/report.parquet",
+        report=f"{ROOT}/report.parquet",
+        summary=f"{ROOT}/summary.parquet",
     log:
         f"{ROOT}/logs/report.log",
     shell:
-        "{STAGE} report --config {CFG} --inputs {input.selections} --out {output} > {log} 2>&1"
+        "{STAGE} report --config {CFG} --inputs {input.selections} --out {output.report} > {log} 2>&1"
+
+
+rule html_report:
+    """One self-contained HTML file: suite summary, speedups, fast_p, rounds, roofline, cost."""
+    input:
+        report=rules.report.output.report,
+        summary=rules.report.output.summary,
+    output:
+        f"{ROOT}/report.html",
+    log:
+        f"{ROOT}/logs/html_report.log",
+    shell:
+        "{PY} -m kforge.cli report {input.report} --html {output} > {log} 2>&1"
