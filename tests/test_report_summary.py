@@ -73,3 +73,5 @@ def test_report_on_a_run_in_progress_shows_the_cells_so_far(tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stderr
     assert "run in progress: 2 of 3 started cells selected so far" in proc.stderr
     assert "2 problems, 2 verified, 1 shipped" in proc.stdout
+    progress = (ctx.root / "progress.log").read_text().splitlines()
+    assert len(progress) == 2 and "select expert/cpu/starter/softmax_rows: shipped 2.00x" in progress[0]

@@ -147,7 +147,7 @@ def run_select(
                          "best_source": verdicts[i].source}
         record = SelectionRecord(**common, **extra, status=status, detail=detail, verified=verified,
                                  interpreted=status == "verified_interpreted", wall_s=round(wall, 3))
-        _progress(record)
+        _progress(ctx, record)
         write_record(out, record, ctx.store)
         return record
 
@@ -179,16 +179,20 @@ def run_select(
     profile = Profile.model_validate(ctx.store.get_json(hit["profile"]))
     record = _timed_record(common, profile, best, best_dir, best_source, hit, wall)
     record.inputs = inputs_manifest(ctx, first.agent, best_dir, profile.device)
-    _progress(record)
+    _progress(ctx, record)
     write_record(out, record, ctx.store)
     return record
 
 
-def _progress(record: SelectionRecord) -> None:
-    """One line per finished cell, for the job log (``kforge report`` shows the cells so far)."""
-    ratio = f" {record.speedup_vs_best:.2f}x vs best baseline" if record.speedup_vs_best else ""
-    print(f"select: {record.agent}/{record.platform}/{record.suite}/{record.problem}: {record.status}{ratio}",
-          file=sys.stderr, flush=True)
+def _progress(ctx: StageContext, record: SelectionRecord) -> None:
+    """One line per finished cell, in the job log and appended to ``<store>/progress.log``
+    (``tail -f artifacts/progress.log``; ``kforge report`` shows the cells so far)."""
+    ratio = f" {record.speedup_vs_best:.2f}x vs the faster baseline" if record.speedup_vs_best else ""
+    line = (f"{time.strftime('%H:%M:%S')} select {record.agent}/{record.platform}/{record.suite}/{record.problem}: "
+            f"{record.status}{ratio}")
+    print(line, file=sys.stderr, flush=True)
+    with open(ctx.root / "progress.log", "a", encoding="utf-8") as handle:  # one short write: atomic in O_APPEND
+        handle.write(line + "\n")
 
 
 def _ratio(base: float | None, cand: float) -> float | None:
