@@ -107,6 +107,8 @@ def default_max_tokens(config: AgentConfig, caps: ModelCaps) -> int:
     if config.max_tokens is not None:
         return config.max_tokens
     wanted = REASONING_MAX_TOKENS if reasoning_on(config, caps) else DEFAULT_MAX_TOKENS
+    if config.thinking_budget_tokens is not None:  # the answer needs room after the thinking
+        wanted = max(wanted, config.thinking_budget_tokens + DEFAULT_MAX_TOKENS)
     if caps.max_output_tokens:
         wanted = min(wanted, caps.max_output_tokens)
     return wanted

@@ -114,7 +114,37 @@ class ScriptedServer:
                     reply = fail(404, f"scripted server: no route {self.path}")
                 if reply.delay_s:
                     time.sleep(reply.delay_s)
-                self._send(reply, body.get("model", "unknown"))
+                if body.get("stream") and reply.status == 200:
+                    self._stream(reply, body.get("model", "unknown"))
+                else:
+                    self._send(reply, body.get("model", "unknown"))
+
+            def _stream(self, reply: Reply, model: str) -> None:
+                """Server-sent events, as OpenAI streams: the content in two chunks, the
+                finish reason, a usage chunk, then ``[DONE]``."""
+                text = reply.content or ""
+                half = len(text) // 2
+                base = {"id": "chatcmpl-s", "object": "chat.completion.chunk",
+                        "created": 1700000000, "model": model}
+                events = [
+                    {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": text[:half]},
+                                          "finish_reason": None}]},
+                    {**base, "choices": [{"index": 0, "delta": {"content": text[half:]},
+                                          "finish_reason": None}]},
+                    {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": reply.finish_reason}]},
+                    {**base, "choices": [], "usage": {
+                        "prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
+                        "total_tokens": reply.prompt_tokens + reply.completion_tokens}},
+                ]
+                data = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Content-Length", str(len(data.encode())))
+                    self.end_headers()
+                    self.wfile.write(data.encode())
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
 
             def _send(self, reply: Reply, model: str) -> None:
                 if reply.status == 200:
