@@ -6,7 +6,7 @@
     timing (timing.time_alternating with an InputPlan):
         two buffer sets, refilled in place before every call (pointer, shape and version stay,
         contents change), candidate outputs cloned at the first, middle and last call of
-        each buffer set
+        (buffer set, contents)
     after timing:
         every sample against the reference for the contents it was called on, then a fresh
         ModelNew and the one timed many times on the same inputs, both against the reference
@@ -68,11 +68,10 @@ class CheckedTiming:
         if len(again) != len(expected[0]) or not all(
                 torch.equal(a, b) for a, b in zip(again, expected[0], strict=False)):
             note = "unchecked: the reference is not deterministic"
-        picks: set[int] = set()
-        for slot in range(SLOTS):
-            mine = [r for r in range(reps) if r % SLOTS == slot]
-            if mine:
-                picks |= {mine[0], mine[len(mine) // 2], mine[-1]}
+        picks: set[int] = set()  # first, middle and last call of every (buffer set, contents)
+        for key in {plan.schedule(r) for r in range(reps)}:
+            mine = [r for r in range(reps) if plan.schedule(r) == key]
+            picks |= {mine[0], mine[len(mine) // 2], mine[-1]}
         return cls(plan, expected, DEFAULT_TOL if tol is None else tol, reps, note, picks=picks)
 
     def observe(self, name: str, rep: int, slot: int, content: int, out: Any) -> None:
@@ -89,17 +88,16 @@ class CheckedTiming:
             if bad:
                 return (f"timed call {s.rep} (input set {s.slot}, contents {s.content}) returned a "
                         f"wrong answer: {bad}; the timing measured calls that did not compute it")
-        values = self.plan.load(0, 1)
-        with torch.no_grad():
-            fresh_out = [t.detach().clone() for t in _tensors(build(model_cls)(*values))]
-            values = self.plan.load(0, 1)
-            used_out = [t.detach().clone() for t in _tensors(used(*values))]
-        bad_fresh = mismatch(fresh_out, self.expected[1], self.tol)
-        bad_used = mismatch(used_out, self.expected[1], self.tol)
-        if bad_used or bad_fresh:
-            which = "the instance timed many times" if bad_used else "a fresh instance"
-            return (f"a fresh ModelNew and the one timed {self.reps} times disagree on the same "
-                    f"inputs: {which} is wrong ({bad_used or bad_fresh})")
+        fresh = build(model_cls)
+        for content, want in enumerate(self.expected):
+            with torch.no_grad():
+                fresh_out = [t.detach().clone() for t in _tensors(fresh(*self.plan.load(0, content)))]
+                used_out = [t.detach().clone() for t in _tensors(used(*self.plan.load(0, content)))]
+            bad_fresh, bad_used = mismatch(fresh_out, want, self.tol), mismatch(used_out, want, self.tol)
+            if bad_used or bad_fresh:
+                which = "the instance timed many times" if bad_used else "a fresh instance"
+                return (f"a fresh ModelNew and the one timed {self.reps} times disagree on the same "
+                        f"inputs: {which} is wrong ({bad_used or bad_fresh})")
         return None
 
 

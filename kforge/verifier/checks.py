@@ -7,8 +7,10 @@ Each finding carries a reason code (``reasons.Reason``) and the line it points a
                             attention) in PyTorch, or every torch op the reference uses
 - ``torch_fallback``       try/except around the kernel (a PyTorch path when it fails)
 - ``wraps_reference``      subclassing, instantiating or importing the reference ``Model``
-- ``harness_tampering``    gc/inspect/sys.modules/frames, timers, torch internals, the
-                            verifier, builtins, exec/eval, exits and signals
+- ``harness_tampering``    gc/inspect/sys.modules (also reached through another module, as
+                            ``torch.sys.modules``), frames, ``__dict__`` / ``__closure__`` /
+                            ``__code__``, timers, torch internals, the verifier, builtins,
+                            exec/eval, exits and signals
 - ``spawns_work``          threads, processes, asyncio, CUDA streams
 - ``precision_below_policy`` (strict only) half/bf16 casts, autocast, TF32 switches, a
                             Triton ``tl.dot`` without ``input_precision`` ieee/tf32x3
@@ -68,6 +70,11 @@ FORBIDDEN_ATTRS = {
     "__globals__": Reason.HARNESS_TAMPERING, "__builtins__": Reason.HARNESS_TAMPERING,
     "f_back": Reason.HARNESS_TAMPERING, "f_locals": Reason.HARNESS_TAMPERING,
 }
+# Reaching into functions and module namespaces: the forge that replaced the timing module's
+# clock went through ``torch.sys.modules[...]``, a ``__dict__`` write and ``__closure__``.
+INTROSPECTION_ATTRS = frozenset({"__dict__", "__closure__", "__code__", "cell_contents", "__defaults__",
+                                 "__kwdefaults__", "f_locals", "f_globals", "gi_frame", "tb_frame",
+                                 "__self__", "__wrapped__"})
 LOW_PRECISION_ATTRS = frozenset({"half", "bfloat16", "float16", "autocast", "allow_tf32",
                                  "set_float32_matmul_precision", "allow_bf16_reduced_precision_reduction",
                                  "allow_fp16_reduced_precision_reduction", "float8_e4m3fn", "float8_e5m2"})
@@ -138,6 +145,10 @@ class _Scan(ast.NodeVisitor):
             elif len(name) == 1 and name[0] in FORBIDDEN_CALLS:
                 self.findings.append(Finding(FORBIDDEN_CALLS[name[0]], node.lineno,
                                              f"calls {name[0]}()"))
+            elif name == ["getattr"] and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) \
+                    and node.args[1].value in INTROSPECTION_ATTRS:
+                self.findings.append(Finding(Reason.HARNESS_TAMPERING, node.lineno,
+                                             f"getattr(..., {node.args[1].value!r})"))
             elif isinstance(node.func, ast.Attribute):
                 self.method_calls.append((node.func.attr, node.lineno))
         if name[-1:] == ["dot"] and name[:1] == ["tl"]:
@@ -234,8 +245,11 @@ def _node_findings(node: ast.AST, platform: str) -> list[Finding]:
         if node.attr in LOW_PRECISION_ATTRS:
             out.append(Finding(Reason.PRECISION_BELOW_POLICY, line,
                                f"uses {node.attr}: lower precision than fp32", strict_only=True))
-        if node.attr == "modules" and _dotted(node)[:1] == ["sys"]:
-            out.append(Finding(Reason.HARNESS_TAMPERING, line, "touches sys.modules"))
+        if node.attr == "modules" and "sys" in _dotted(node)[:-1]:
+            out.append(Finding(Reason.HARNESS_TAMPERING, line, f"touches {'.'.join(_dotted(node))}"))
+        if node.attr in INTROSPECTION_ATTRS:
+            out.append(Finding(Reason.HARNESS_TAMPERING, line,
+                               f"uses {node.attr}: reads or rewrites functions and modules from inside"))
     elif isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         for t in targets:

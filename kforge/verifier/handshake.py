@@ -34,6 +34,8 @@ NAMES = ("candidate", "eager", "compiled", "null")
 ENV = "KFORGE_CLOCK_FDS"
 WORKER_MARK = b"kforge.verifier.worker_main"
 NULL_CALLS = 15
+GAP_SHARE = 0.25  # claims may fall short of the parent's clock by this share of the call ...
+GAP_FLOOR_NS = 100_000  # ... plus the hop's spread plus this
 CPU_SLACK = 1.25  # CPU time may exceed threads x wall by this factor (scheduler accounting)
 
 
@@ -207,18 +209,22 @@ def consistency(calls: list[Call], threads: int, reps: int, names: list[str]) ->
     null = [c.wall_ns - c.claimed_ns for c in calls if c.name == "null"]
     if len(null) < NULL_CALLS // 2:
         return "the worker skipped the clock calibration"
-    hop = statistics.median(null)
-    hop_spread = sorted(null)[int(0.9 * (len(null) - 1))] - hop
+    # Scheduling delays on a busy host only ever lengthen the parent's view of a call: compare
+    # the least-delayed calls (a low quantile), not the median. A forged clock shortens every
+    # claim it touches, so the gap survives in the low quantile.
+    null.sort()
+    hop, spread = null[0], statistics.median(null) - null[0]
     for name in names:
         mine = [c for c in calls if c.name == name]
         if len(mine) != reps:
             return f"{name}: {len(mine)} of {reps} timed calls reached the parent's clock"
         claimed = statistics.median(c.claimed_ns for c in mine)
-        excess = statistics.median(c.wall_ns - c.claimed_ns for c in mine) - hop
-        allowed = 0.2 * claimed + hop_spread + 50_000
+        gaps = sorted(c.wall_ns - c.claimed_ns for c in mine)
+        excess = gaps[len(gaps) // 10] - hop
+        allowed = GAP_SHARE * claimed + spread + GAP_FLOOR_NS
         if excess > allowed:
-            return (f"{name}: claims {claimed / 1e6:.4g} ms a call; the parent's clock saw "
-                    f"{(claimed + excess) / 1e6:.4g} ms (pipe hop {hop / 1e6:.3g} ms removed)")
+            return (f"{name}: claims {claimed / 1e6:.4g} ms a call; the parent's clock saw at least "
+                    f"{(claimed + excess) / 1e6:.4g} ms in most calls (pipe hop {hop / 1e6:.3g} ms removed)")
         cpu = sum(c.cpu_ns for c in mine)
         window = sum(c.cpu_wall_ns for c in mine)
         if cpu > CPU_SLACK * threads * window + 2_000_000 * len(mine) ** 0.5:
