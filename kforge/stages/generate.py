@@ -5,7 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from kforge.schema import GenerationRequest
-from kforge.stages.agent_calls import generate_cached, load_example_blob, write_candidate
+from kforge.stages.agent_calls import (
+    agent_context,
+    generate_cached,
+    load_example_blob,
+    write_candidate,
+)
 from kforge.stages.context import StageContext, read_record, record_digest
 from kforge.stages.records import CandidateRecord, SelectionRecord
 
@@ -30,6 +35,9 @@ def run_generate(
         example=load_example_blob(ctx, example_record),
         policy=ctx.config.policy,
         round=0,
+        context=agent_context(
+            ctx, agent, platform=platform, suite=suite, problem=problem, run_dir=out_dir.parent, rounds=0
+        ),
     )
     used = {"problem": record_digest(problem_record), "example": record_digest(example_record)}
     if transfer_record is not None:  # cross-platform transfer: the other platform's best kernel

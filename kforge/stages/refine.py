@@ -13,7 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from kforge.schema import Feedback, GenerationRequest, GenerationResult, Transcript
-from kforge.stages.agent_calls import generate_cached, load_example_blob, write_candidate
+from kforge.stages.agent_calls import (
+    agent_context,
+    generate_cached,
+    load_example_blob,
+    write_candidate,
+)
 from kforge.stages.context import StageContext, read_record, record_digest
 from kforge.stages.records import (
     AnalysisRecord,
@@ -97,6 +102,10 @@ def run_refine(
             previous_plan=ctx.store.get_json(prev.plan),
             feedback=feedback,
             recommendation=analysis.recommendation if mode == "optimize" else None,
+            context=agent_context(
+                ctx, prev.agent, platform=prev.platform, suite=prev.suite, problem=prev.problem,
+                run_dir=prev_dir.parent, rounds=round,
+            ),
         )
         result = generate_cached(ctx, prev.agent, request)
     used = {
