@@ -109,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         from kforge.verifier.cli import main as verify_main
 
         return verify_main(argv[1:])
+    if argv[:1] == ["bench"]:
+        from kforge.verifier.bench import main as bench_main
+
+        return bench_main(argv[1:])
     parser = argparse.ArgumentParser(prog="kforge", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("report", help="print the report as a table")
@@ -129,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("config", help="validate a configuration file")
     p.add_argument("path", nargs="?", default="kforge.yaml")
     p.set_defaults(func=cmd_config)
-    sub.add_parser("verify", help="verify CANDIDATE.py --problem PROBLEM.py [--platform P] [--policy strict]")
+    sub.add_parser("verify", help="build, then verify CANDIDATE.py --problem PROBLEM.py [--platform P] [--policy strict]")
+    sub.add_parser("bench", help="verify, then time CANDIDATE.py against eager and torch.compile [--json]")
     args = parser.parse_args(argv)
     return int(args.func(args))
 

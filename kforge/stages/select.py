@@ -161,13 +161,13 @@ def run_select(
     hit = ctx.store.action_get(key)
     if hit is None:
         from kforge.stages.profile import host_peaks
-        from kforge.verifier import profile_candidate
+        from kforge.verifier.profiling import time_against_baselines
 
         start = time.perf_counter()
-        profile = profile_candidate(
+        profile = time_against_baselines(
             (best_dir / "kernel.py").read_text(), ctx.problem_path(first.suite, first.problem),
-            platform=first.platform, preset=suite_cfg.preset, sizes=suite_cfg.sizes,
-            build_dir=ctx.build_dir.resolve(), baselines=True, warmup=prof.warmup, reps=prof.reps,
+            platform=first.platform, policy=ctx.config.policy, preset=suite_cfg.preset, sizes=suite_cfg.sizes,
+            build_dir=ctx.build_dir.resolve(), warmup=prof.warmup, reps=prof.reps,
             threads=prof.threads, timeout_s=prof.timeout_s, peaks=host_peaks(ctx, verdicts[best].verdict.device),
             remeasure=lambda: host_peaks(ctx, verdicts[best].verdict.device, fresh=True),
         )

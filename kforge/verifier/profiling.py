@@ -139,3 +139,14 @@ def profile_candidate(
         ratio, note = speedup(prof.candidate, base)
         prof.extra["speedup"], prof.extra["speedup_note"] = ratio, note
     return roofline(prof, peaks, remeasure) if prof.ok else prof
+
+
+def time_against_baselines(source: str, problem_path: Path, *, platform: str, policy: Policy, preset: str = "ci",
+                           sizes: dict[str, int] | None = None, build_dir: Path | None = None, warmup: int = 3,
+                           reps: int = 20, threads: int | None = None, timeout_s: float = 300,
+                           peaks: Peaks | None = None, remeasure: Callable[[], Peaks] | None = None) -> Profile:
+    """The candidate, eager and torch.compile timed alternately in one process through the
+    checked path: what the pipeline's ``select`` stage and ``kforge bench`` report."""
+    return profile_candidate(source, problem_path, platform=platform, preset=preset, sizes=sizes,
+                             build_dir=build_dir, baselines=True, warmup=warmup, reps=reps, threads=threads,
+                             timeout_s=timeout_s, peaks=peaks, remeasure=remeasure, policy=policy)
