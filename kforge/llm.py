@@ -48,7 +48,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field
 
 from kforge.config import AgentConfig
-from kforge.llm_budget import call_cost, check_budget, record_spend, register_price
+from kforge.llm_budget import call_cost, check_budget, record_spend
 from kforge.llm_errors import (  # re-exported: callers catch them from kforge.llm
     LLMAuthError,
     LLMBadRequestError,
@@ -283,7 +283,6 @@ def _pay(request: LLMRequest, *, store: Store, config: AgentConfig, key: str) ->
 
     litellm = import_litellm()
     check_budget(store.root, request.agent, config, litellm)
-    register_price(litellm, config)
     caps = model_caps(request.model)
     if request.max_tokens is None:
         request = request.model_copy(update={"max_tokens": default_max_tokens(config, caps)})

@@ -1,7 +1,8 @@
 """Prices and spend: what a call cost (or that nobody knows), and the per-agent spend cap.
 
 - **Price**: the config override (``input_cost_per_token`` / ``output_cost_per_token``; 0.0
-  for local models) when set, else litellm's bundled price table. A model neither prices is
+  for local models) when set (computed here, never registered into litellm's global table,
+  so one agent's override cannot price another's model), else litellm's bundled table. A model neither prices is
   *unknown*: its cost is ``None`` in the transcript, never 0.0.
 - **Spend ledger**: every paid call (cache misses only: a replayed call costs nothing) appends
   one line to ``<store>/llm/spend/<agent>.jsonl`` (``O_APPEND``: whole lines, whatever the
@@ -18,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -27,34 +27,9 @@ from kforge.config import AgentConfig
 from kforge.llm_errors import LLMBudgetError
 from kforge.schema import Usage
 
-_registered: dict[str, tuple[float, float]] = {}
-_register_lock = threading.Lock()
-
 
 def _overridden(config: AgentConfig) -> bool:
     return config.input_cost_per_token is not None or config.output_cost_per_token is not None
-
-
-def register_price(litellm: Any, config: AgentConfig) -> None:
-    """Make litellm price the model from the config override (0.0 for local models)."""
-    if not _overridden(config):
-        return
-    price = (config.input_cost_per_token or 0.0, config.output_cost_per_token or 0.0)
-    with _register_lock:
-        if _registered.get(config.model) == price:
-            return
-        provider = config.model.split("/", 1)[0] if "/" in config.model else "openai"
-        litellm.register_model(
-            {
-                config.model: {
-                    "input_cost_per_token": price[0],
-                    "output_cost_per_token": price[1],
-                    "litellm_provider": provider,
-                    "mode": "chat",
-                }
-            }
-        )
-        _registered[config.model] = price
 
 
 def price_known(litellm: Any, config: AgentConfig) -> bool:
