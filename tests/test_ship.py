@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge.ship import audit, ship
+from kforge.ship import ShipError, audit, ship
 from tests.report_fixtures import STARTER, build_run
 
 
@@ -69,13 +69,19 @@ def test_audit_passes_on_an_untouched_ship(shipped: tuple[Path, Path]) -> None:
     assert proc.returncode == 0 and proc.stdout.startswith("ok:"), proc.stderr
 
 
-@pytest.mark.parametrize("status_problem", ["gemm_bias_relu", "layernorm_rows", "elementwise_swish_bias",
-                                            "reduce_mean_rows", "logsoftmax_rows"])
-def test_ship_refuses_anything_not_shipped(shipped: tuple[Path, Path], tmp_path: Path, status_problem: str) -> None:
+@pytest.mark.parametrize("problem", ["gemm_bias_relu", "layernorm_rows", "elementwise_swish_bias",
+                                     "reduce_mean_rows", "logsoftmax_rows"])
+def test_ship_refuses_anything_not_shipped(shipped: tuple[Path, Path], tmp_path: Path, problem: str) -> None:
     root, _ = shipped
-    proc = cli("ship", status_problem, "--to", str(tmp_path / "o"), "--store", str(root))
-    assert proc.returncode == 2 and "refused" in proc.stderr and "not shipped" in proc.stderr
+    with pytest.raises(ShipError, match="is not shipped"):
+        ship(root, problem, tmp_path / "o")
     assert not (tmp_path / "o").exists()
+
+
+def test_ship_command_says_why_it_refuses(shipped: tuple[Path, Path], tmp_path: Path) -> None:
+    root, _ = shipped
+    proc = cli("ship", "gemm_bias_relu", "--to", str(tmp_path / "o"), "--store", str(root))
+    assert proc.returncode == 2 and "refused" in proc.stderr and "no_gain: 0.63x" in proc.stderr
 
 
 def _kinds(statement: Path) -> dict[str, str]:
@@ -91,18 +97,29 @@ KINDS = ["selection", "verification", "candidate", "source", "transcript", "plan
          "environment"]
 
 
+def _tampered_store(root: Path, tmp_path: Path, digest: str) -> Path:
+    store = tmp_path / "artifacts"
+    shutil.copytree(root / "cas" / "sha256", store / "cas" / "sha256")  # tamper with a copy
+    blob = store / "cas" / "sha256" / digest[:2] / digest[2:]
+    blob.write_bytes(blob.read_bytes() + b" ")
+    return store
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_audit_names_each_tampered_material(shipped: tuple[Path, Path], tmp_path: Path, kind: str) -> None:
     root, statement = shipped
-    store = tmp_path / "artifacts"
-    shutil.copytree(root / "cas", store / "cas")  # tamper with a copy
     digest = _kinds(statement)[kind]
-    blob = store / "cas" / "sha256" / digest[:2] / digest[2:]
-    blob.write_bytes(blob.read_bytes() + b" ")
-    proc = cli("audit", str(statement), "--store", str(store))
+    broken = audit(statement, _tampered_store(root, tmp_path, digest))
+    assert len(broken) == 1, broken
+    assert broken[0].startswith(f"{kind} ") and digest[:16] in broken[0] and "tampered" in broken[0]
+
+
+def test_audit_command_names_the_first_broken_link(shipped: tuple[Path, Path], tmp_path: Path) -> None:
+    root, statement = shipped
+    digest = _kinds(statement)["verification"]
+    proc = cli("audit", str(statement), "--store", str(_tampered_store(root, tmp_path, digest)))
     assert proc.returncode == 1
-    first = proc.stderr.splitlines()[0]
-    assert first.startswith(f"first broken link: {kind} ") and digest[:16] in first and "tampered" in first
+    assert proc.stderr.startswith("first broken link: verification ") and digest[:16] in proc.stderr
 
 
 def test_audit_names_a_missing_material(shipped: tuple[Path, Path], tmp_path: Path) -> None:
