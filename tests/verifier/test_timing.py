@@ -58,12 +58,17 @@ def test_missing_clock_telemetry_is_flagged(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([str(tmp_path / "missing.py"), "--problem", str(SCALE_TANH)]) == 2
+    """``kforge verify`` builds a fresh C++ candidate itself (no pipeline run before), then
+    verifies it; a wrong one is rejected with its reason."""
+    from . import cpu_offenders as off
+
+    build = ["--build-dir", str(tmp_path / "build")]
+    assert main([str(tmp_path / "missing.py"), "--problem", str(SCALE_TANH)]) == 3
     assert "not found" in capsys.readouterr().err
     cand = tmp_path / "cand.py"
-    cand.write_text(HONEST)
-    assert main([str(cand), "--problem", str(SCALE_TANH)]) == 0
-    cand.write_text(HONEST.replace("1.0 - e", "1.5 - e"))
-    assert main([str(cand), "--problem", str(SCALE_TANH)]) == 1
+    cand.write_text(off.HONEST)
+    assert main([str(cand), "--problem", str(off.PROBLEM), *build]) == 0
+    cand.write_text(off.HONEST.replace("v > 0.0f ? v : 0.0f", "v > 0.0f ? v : 0.5f"))
+    assert main([str(cand), "--problem", str(off.PROBLEM), *build]) == 1
     assert "output_mismatch" in capsys.readouterr().out
     assert os.path.exists(SCALE_TANH)
