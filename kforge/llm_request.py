@@ -92,15 +92,15 @@ def model_caps(model: str) -> ModelCaps:
 
 
 def reasoning_on(config: AgentConfig, caps: ModelCaps) -> bool:
-    """Does the model reason on this request? OpenAI's and DeepSeek's reasoning models always
-    do (unless effort is "none"); Claude and Gemini when the config asks for it."""
+    """Does the model reason on this request? OpenAI's, DeepSeek's and Gemini's reasoning
+    models do by default (unless effort is "none"); Claude when the config asks for it."""
     if not caps.reasoning:
         return False
     if config.reasoning_effort == "none":
         return False
     if config.reasoning_effort is not None or config.thinking_budget_tokens is not None:
         return True
-    return caps.provider in ("openai", "azure", "deepseek")
+    return caps.provider in ("openai", "azure", "deepseek", "gemini", "vertex_ai")
 
 
 def default_max_tokens(config: AgentConfig, caps: ModelCaps) -> int:
