@@ -55,20 +55,23 @@ def test_build_errors_are_printed_and_exit_1(tmp_path: Path, capsys: pytest.Capt
 
 
 def test_the_guard_watches_the_live_harness_functions() -> None:
-    # The candidate replaces a watched timer and makes the live channel drop errors. With the
-    # worker run as ``python -m kforge.verifier.worker`` the live functions were __main__'s,
-    # unwatched: this candidate was VERIFIED. Now there is one harness module, watched.
-    forge = honest_with("        return y", header="""
-import sys, time
+    # The candidate wraps the live channel's ``send`` (the module whose RESULT_FD is open) to
+    # hide that it writes its input. With the worker run as ``python -m kforge.verifier.worker``
+    # the live module was ``__main__`` and the guard watched an idle copy: it saw nothing (the
+    # verdict came from elsewhere, mutates_input). Now there is one harness module, watched.
+    forge = honest_with("        x.add_(1.0)\n        return y", header="""
+import sys
 _live = [m for m in list(sys.modules.values())
-         if type(getattr(m, "RESULT_FD", None)) is int and m.RESULT_FD >= 0 and hasattr(m, "finish")]
+         if type(getattr(m, "RESULT_FD", None)) is int and m.RESULT_FD >= 0 and hasattr(m, "send")]
 for _m in _live:
-    _orig = _m.send
-    _m.send = lambda header, blobs=None, _o=_orig: _o({k: v for k, v in header.items() if k != "error"}, blobs)
-time.perf_counter = lambda: 0.0
+    def _forged(header, blobs=None, _o=_m.send):
+        if header.get("kind") == "case" and "digest" in header:
+            header = dict(header, digest_after=header["digest"])
+        return _o(header, blobs)
+    _m.send = _forged
 """)
     v = verify(forge, static=False)
-    assert v.reason == "harness_tampering", (v.reason, v.detail)
+    assert v.reason == "harness_tampering" and "worker.send" in v.detail, (v.reason, v.detail)
 
 
 def test_sandbox_runs_an_interpreter_from_a_venv_under_tmp(tmp_path_factory: pytest.TempPathFactory) -> None:
