@@ -155,7 +155,26 @@ def run_candidate(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> 
             "device_kernels": sorted(set(device_kernels))[:20],
             "triton_launches": counter.triton_launches - launches,
         }, blobs)
+    if not sanitize:
+        _repeat(job, models, module.ModelNew, send)
     finish({})
+
+
+def _repeat(job: dict[str, Any], models: dict[str, tuple[Any, Any]], model_cls: type, send: Send) -> None:
+    """The repeat phase (``checked.repeat_phase``) on the preset-size instance, cases 0 and 1."""
+    from kforge.verifier.checked import repeat_phase
+    from kforge.verifier.worker import build_models
+
+    cases = [Case.from_json(raw) for raw in job["cases"] if raw.get("sizes") is None][:2]
+    entry = models.get(json.dumps(None))
+    if len(cases) < 2 or entry is None:
+        return
+    problem, model = entry
+    try:
+        repeat_phase(model, lambda: build_models(problem, model_cls, job["model_seed"], job["device"])[1],
+                     problem, cases, job["device"], send, encode_tensor)
+    except Exception as exc:  # noqa: BLE001 - candidate code raised on a repeated call
+        send({"kind": "repeat", "error": f"{type(exc).__name__}: {exc}"[:2000]})
 
 
 def _kernel_table(fn: Callable[[], Any], device: str, calls: int = 3) -> list[dict[str, Any]]:

@@ -101,6 +101,37 @@ class CheckedTiming:
         return None
 
 
+REPEATS = 16  # calls of the verified instance in the repeat phase (4 per buffer set x contents)
+
+
+def repeat_phase(model: Any, fresh: Callable[[], Any], problem: Any, cases: list[Case], device: str,
+                 send: Callable[..., None], encode: Callable[[torch.Tensor], tuple[dict[str, Any], bytes]]) -> None:
+    """Verification's look at repetition (candidate mode, after the cases): the instance that
+    ran the cases is called ``REPEATS`` times more on two buffer sets refilled with the inputs
+    of ``cases`` (pointer, shape and version unchanged, contents alternating); the last call of
+    every (buffer set, contents) and a fresh instance's answer go to the parent as ``repeat``
+    frames, which it compares with the reference's answers for those cases (``stale_output``)."""
+    plan = InputPlan([make_inputs(problem, c, device) for c in cases], slots=SLOTS)
+    last = {plan.schedule(r): r for r in range(REPEATS)}
+    picks = {r: key for key, r in last.items()}
+    calls: list[tuple[int, int, int, Any]] = []
+    with torch.no_grad():
+        for rep in range(REPEATS):
+            slot, content = plan.schedule(rep)
+            out = model(*plan.load(slot, content))
+            if rep in picks:
+                calls.append((rep, slot, content, [t.detach().clone() for t in _tensors(out)]))
+            del out
+        calls.append((-1, 0, 0, [t.detach().clone() for t in _tensors(fresh()(*plan.load(0, 0)))]))
+    for rep, slot, content, tensors in calls:
+        metas, blobs = [], []
+        for t in tensors:
+            meta, blob = encode(t)
+            metas.append(meta)
+            blobs.append(blob)
+        send({"kind": "repeat", "rep": rep, "slot": slot, "case": cases[content].index, "outputs": metas}, blobs)
+
+
 def _tensors(out: Any) -> list[torch.Tensor]:
     if type(out) is torch.Tensor:
         return [out]

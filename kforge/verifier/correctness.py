@@ -9,7 +9,9 @@ Per case, in this order (the first failure is the verdict)::
     ─> ||c - r|| / ||r|| <= tol ─> equal to its previous output while the reference moved?
        caches_outputs : (shape case? shape_specialized : output_mismatch)
 
-and once per run: our kernel launched, no reference compute op in the candidate's aten ops.
+and once per run: our kernel launched, no reference compute op in the candidate's aten ops;
+then the repeat phase (``judge_repeats``): the same instance called again on refilled buffers,
+and a fresh one, must still give the reference's answers (else ``stale_output``).
 """
 
 from __future__ import annotations
@@ -156,4 +158,32 @@ def _launch_checks(h: dict[str, Any], ref_h: dict[str, Any], platform: str) -> J
     if not launched:
         where = {"cpu": "no kforge:: kernel region (cpu_runtime.launch)", "triton": "no Triton JIT launch"}
         return Judgement(Reason.NO_KERNEL_LAUNCHED, f"{where.get(platform, 'no kernel of its own')} ran during forward")
+    return None
+
+
+def judge_repeats(ref: dict[int, Frame], repeats: list[Frame], tol: float) -> Judgement | None:
+    """The repeat phase's answers (``checked.repeat_phase``) against the reference's answers for
+    the same cases; None when they agree (or there is nothing to hold them to)."""
+    first = ref.get(0)
+    if first is None or not first.header.get("deterministic", True):
+        return None  # a nondeterministic reference: repeated answers cannot be held to it
+    for frame in repeats:
+        h = frame.header
+        if "error" in h:
+            return Judgement(Reason.STALE_OUTPUT, f"a repeated call raised: {h['error']}")
+        r_frame = ref.get(int(h["case"]))
+        if r_frame is None or "error" in r_frame.header:
+            continue
+        c_out, r_out = arrays(frame), arrays(r_frame)
+        who = ("a fresh ModelNew" if h["rep"] < 0 else
+               f"call {h['rep'] + 1} of the repeat phase (same instance, input buffer set {h['slot']})")
+        if len(c_out) != len(r_out) or any(c.shape != r.shape for c, r in zip(c_out, r_out, strict=False)):
+            return Judgement(Reason.STALE_OUTPUT, f"{who}: outputs of other shapes than case {h['case']}'s")
+        for k, (c, r) in enumerate(zip(c_out, r_out, strict=True)):
+            kind, max_abs, rel = compare(c, r, tol, str(r_frame.header.get("dist", "native")))
+            if kind is not None:
+                return Judgement(Reason.STALE_OUTPUT, (
+                    f"{who} on case {h['case']}'s inputs: output {k} max abs err {max_abs:.3g}, rel err norm "
+                    f"{rel:.3g}; the first call on those inputs was right: the answer depends on what ran before"),
+                    max_abs, rel)
     return None

@@ -110,17 +110,21 @@ class InputPlan:
     call never sees the contents its buffers held at that buffer's previous call, so a cache
     keyed on pointer, shape or version returns a stale answer, and the samples show it."""
 
-    def __init__(self, contents: list[list[Any]], slots: int = 2) -> None:
+    def __init__(self, contents: list[list[Any]], slots: int = 2, runs: int = 2) -> None:
         if len(contents) < 2:
             raise ValueError("an input plan needs at least two content variants")
         self.contents = contents
+        self.runs = runs  # consecutive calls on one buffer set (a repeated pointer, new contents)
         self.buffers = [[v.clone() if isinstance(v, torch.Tensor) else v for v in contents[0]]
                         for _ in range(slots)]
 
     def schedule(self, rep: int) -> tuple[int, int]:
-        """(slot, content) of repetition ``rep``: each slot's contents change at every visit."""
-        slot = rep % len(self.buffers)
-        return slot, (rep // len(self.buffers)) % len(self.contents)
+        """(slot, content) of repetition ``rep``: ``runs`` calls in a row on one buffer set, and
+        a buffer set's contents change at every visit."""
+        slots = len(self.buffers)
+        slot = (rep // self.runs) % slots
+        visit = (rep // (self.runs * slots)) * self.runs + rep % self.runs
+        return slot, visit % len(self.contents)
 
     def load(self, slot: int, content: int) -> list[Any]:
         for buf, src in zip(self.buffers[slot], self.contents[content], strict=True):

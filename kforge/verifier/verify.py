@@ -23,7 +23,7 @@ from typing import Any
 
 from kforge.schema import TOLERANCES, Policy, Verdict
 from kforge.verifier.checks import static_check
-from kforge.verifier.correctness import judge
+from kforge.verifier.correctness import judge, judge_repeats
 from kforge.verifier.inputs import plan_cases
 from kforge.verifier.protocol import Frame
 from kforge.verifier.reasons import Reason
@@ -145,6 +145,12 @@ def run_verification(
     j = judge(ref_cases, cand_cases, tol=tol, strict=policy == "strict",
               shape_index=shape_index if shape_index in ref_cases and len(cases) > shape_index else None,
               platform=platform)
+    if j.reason is Reason.OK:
+        repeats = [f for f in out.frames if f.header.get("kind") == "repeat"]
+        stale = judge_repeats(ref_cases, repeats, tol)
+        if stale is not None:
+            return verdict(stale.reason, stale.detail + notes, trials=j.cases, max_abs_err=stale.max_abs_err,
+                           rel_err_norm=stale.rel_err_norm, **extra)
     return verdict(j.reason, j.detail + notes, trials=j.cases, max_abs_err=j.max_abs_err,
                    rel_err_norm=j.rel_err_norm, **extra)
 

@@ -79,3 +79,14 @@ def test_consistency_rules() -> None:
     assert "cores" in consistency(null + _calls("candidate", 3.0, 3.1, 12.0), 2, 20, ["candidate"])
     assert "reached the parent" in consistency(null + _calls("candidate", 3.0, 3.1, 3.0, 5), 1, 20, ["candidate"])
     assert "calibration" in consistency(_calls("candidate", 3.0, 3.1, 3.0), 1, 20, ["candidate"])
+
+
+@pytest.mark.parametrize("name", ["STALE_AFTER_N", "PARTIAL_ON_REPEAT"])
+def test_verification_repeats_calls_and_catches_stale_answers(name: str, build_dir: Path) -> None:
+    from kforge.verifier.verify import run_verification
+
+    source = getattr(off, name)
+    assert PLATFORM.build(source, build_dir).ok
+    v = run_verification(source, off.PROBLEM, platform="cpu", policy="strict", build_dir=build_dir, timeout_s=120)
+    assert_nothing_left()
+    assert v.reason == "stale_output" and "repeat phase" in v.detail, (v.reason, v.detail)
