@@ -196,19 +196,19 @@ def progress_section(context: AgentContext | None) -> str:
     t = context.timings
     parts = []
     if "candidate_ms" in t:
-        parts.append(f"- the previous candidate: {t['candidate_ms']:.4f} ms")
+        parts.append(f"- the previous candidate: {t['candidate_ms']:.4g} ms")
     for key, label in (("eager_ms", "PyTorch eager"), ("compile_ms", "torch.compile")):
         if key in t:
-            ratio = f" (speedup {t[key] / t['candidate_ms']:.2f}x)" if t.get("candidate_ms") else ""
-            parts.append(f"- {label}: {t[key]:.4f} ms{ratio}")
+            ratio = f" (candidate speedup {t[key] / t['candidate_ms']:.2f}x)" if t.get("candidate_ms") else ""
+            parts.append(f"- {label}: {t[key]:.4g} ms{ratio}")
     if "roofline_ms" in t:
-        frac = f", the candidate reaches {t['roofline_fraction']:.1%} of it" if "roofline_fraction" in t else ""
-        parts.append(f"- roofline floor: {t['roofline_ms']:.4f} ms{frac}")
+        frac = f"; the candidate runs at {t['roofline_fraction']:.1%} of that speed" if "roofline_fraction" in t else ""
+        parts.append(f"- roofline floor: {t['roofline_ms']:.4g} ms{frac}")
     if "max_abs_err" in t:
         parts.append(f"- its largest error: {t['max_abs_err']:.3g} (tolerance {t.get('tolerance', 0):.0e})")
     rows = [
         f"| {a.round}{' (best)' if a.best else ''} | {a.mode} | {a.tried or '-'} | {a.verdict or '-'} "
-        f"| {'-' if a.candidate_ms is None else f'{a.candidate_ms:.4f}'} |"
+        f"| {'-' if a.candidate_ms is None else f'{a.candidate_ms:.4g}'} |"
         for a in context.ledger
     ]
     best = ""
@@ -265,6 +265,13 @@ def render_generation_messages(req: GenerationRequest) -> list[dict[str, str]]:
     ]
 
 
+# Profile extras that describe how it was measured, not the kernel: kept out of prompts.
+PROFILE_NOISE = frozenset({
+    "checked", "clock", "clock_telemetry", "clocks", "parent_clock", "pin", "sandbox", "seconds",
+    "why", "host", "measured_at",
+})
+
+
 def profile_summary(profile: Profile) -> str:
     """A compact, model-readable summary of a profile."""
     lines = [f"device: {profile.device}"]
@@ -284,7 +291,8 @@ def profile_summary(profile: Profile) -> str:
         lines.append("kernels (name, calls, total us):")
         lines.extend(f"  {k.name}: {k.calls}, {k.total_us:.1f}" for k in profile.kernels[:20])
     for key, value in sorted(profile.extra.items()):
-        lines.append(f"{key}: {value}")
+        if key not in PROFILE_NOISE:
+            lines.append(f"{key}: {value}")
     return "\n".join(lines)
 
 

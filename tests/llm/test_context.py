@@ -89,12 +89,12 @@ def test_optimisation_prompts_carry_timings_ledger_device_and_contract(
     LLMAgent("llm", ctx.config.agents["llm"], ctx.store).generate(
         generation_request(round=3, previous_source=GOOD_KERNEL, context=context))
     prompt = server.received[0].user_text
-    assert "- the previous candidate: 0.9000 ms" in prompt
-    assert "- PyTorch eager: 1.0000 ms (speedup 1.11x)" in prompt
-    assert "- torch.compile: 0.8000 ms (speedup 0.89x)" in prompt
-    assert "roofline floor: 0.1000 ms" in prompt and "largest error: 3e-06" in prompt
-    assert "| 0 | initial | first candidate | ok | 2.0000 |" in prompt
-    assert "| 1 (best) | optimize | fuse (memory-bound) | ok | 0.5000 |" in prompt
+    assert "- the previous candidate: 0.9 ms" in prompt
+    assert "- PyTorch eager: 1 ms (candidate speedup 1.11x)" in prompt
+    assert "- torch.compile: 0.8 ms (candidate speedup 0.89x)" in prompt
+    assert "roofline floor: 0.1 ms; the candidate runs at 11.1% of that speed" in prompt and "largest error: 3e-06" in prompt
+    assert "| 0 | initial | first candidate | ok | 2 |" in prompt
+    assert "| 1 (best) | optimize | fuse (memory-bound) | ok | 0.5 |" in prompt
     assert "relu_r1" in prompt  # the best kernel so far, shown in full
     assert "measured copy bandwidth (DRAM-sized buffers): 21.5 GB/s" in prompt
     assert "CPU cores available: 2" in prompt and "vector ISA: avx2, fma" in prompt
@@ -124,7 +124,7 @@ def test_the_analyst_sees_the_reference_and_the_ledger(ctx: StageContext, server
         analysis_request(problem_source=PROBLEM, context=context))
     prompt = server.received[0].user_text
     assert "## Reference (`Model`)" in prompt and "class Model(nn.Module)" in prompt
-    assert "| 1 (best) | repair | repair of output_mismatch | ok | 0.7000 |" in prompt
+    assert "| 1 (best) | repair | repair of output_mismatch | ok | 0.7 |" in prompt
     assert "| 0 | initial | first candidate | output_mismatch | - |" in prompt
 
 

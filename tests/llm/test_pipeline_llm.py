@@ -123,7 +123,9 @@ def test_pipeline_with_an_llm_agent(tmp_path: Path) -> None:
         configure(workdir, first)
         snakemake(workdir, timeout=600)
     rows = report_rows(workdir)
-    assert [(r["problem"], r["status"]) for r in rows] == [(PROBLEM, "verified")], rows
+    # verified; shipped or not depends on beating the baselines beyond the noise band here
+    assert [(r["problem"], r["verified"]) for r in rows] == [(PROBLEM, True)], rows
+    assert rows[0]["status"] in ("shipped", "no_gain"), rows
     assert rows[0]["prompt_tokens"] and rows[0]["cost_usd"] and rows[0]["cost_usd"] > 0
 
     generations = [r for r in first.received if "performance analyst" not in r.user_text]
@@ -133,6 +135,9 @@ def test_pipeline_with_an_llm_agent(tmp_path: Path) -> None:
     assert "What went wrong last round" in repair
     assert "kernel.cpp:15:67: error: expected" in repair  # the compiler's words, from round 0
     assert "kernel.cpp" in repair and str(tmp_path) not in repair  # no absolute paths
+    # the repair prompt carried the agent context: device sheet, contract, the round-0 ledger
+    assert "The target device" in repair and "`syntax_error`" in repair
+    assert "| 0 | initial | first candidate |" in repair
 
     with ScriptedServer(responder=respond) as second:  # restarted server, another port
         configure(workdir, second)
@@ -140,4 +145,4 @@ def test_pipeline_with_an_llm_agent(tmp_path: Path) -> None:
         # every call answered from the store (a stage whose code changed mid-test re-profiles,
         # and a new profile is a new analysis request: run the test on a quiet tree)
         assert second.received == [], [r.user_text[:200] for r in second.received]
-    assert [(r["problem"], r["status"]) for r in report_rows(workdir)] == [(PROBLEM, "verified")]
+    assert [(r["problem"], r["verified"]) for r in report_rows(workdir)] == [(PROBLEM, True)]

@@ -94,3 +94,11 @@ def test_prompt_digest_follows_the_files(tmp_path: Path, monkeypatch: pytest.Mon
     analyze_before = prompt_digest("system", "analyze")
     (tmp_path / "contract.md").write_text(prompting.prompt_text("contract") + "\nMore.\n")
     assert prompt_digest("system", "analyze") != analyze_before
+
+
+def test_measurement_noise_stays_out_of_the_profile_summary() -> None:
+    profile = analysis_request().profile.model_copy(
+        update={"extra": {"sandbox": "bwrap", "clock": "x", "seconds": 3.0, "occupancy": 0.5}}
+    )
+    summary = prompting.profile_summary(profile)
+    assert "occupancy: 0.5" in summary and "bwrap" not in summary and "seconds" not in summary
