@@ -46,7 +46,7 @@ def run_generate(
             request.transfer_source = ctx.store.get_text(best.best_source)
             request.transfer_platform = best.platform
             used["transfer"] = record_digest(transfer_record)
-    result = generate_cached(ctx, agent, request)
+    result = generate_cached(ctx, agent, request, suite=suite)
     return write_candidate(
         ctx,
         agent=agent,

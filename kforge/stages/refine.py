@@ -107,7 +107,7 @@ def run_refine(
                 run_dir=prev_dir.parent, rounds=round,
             ),
         )
-        result = generate_cached(ctx, prev.agent, request)
+        result = generate_cached(ctx, prev.agent, request, suite=prev.suite)
     used = {
         "problem": record_digest(problem_record),
         "example": record_digest(example_record),

@@ -106,3 +106,54 @@ def test_a_known_model_is_priced_from_litellms_table(server: ScriptedServer, sto
                  input_cost_per_token=None, output_cost_per_token=None)
     cost = result.transcript.usage.cost_usd  # type: ignore[attr-defined]
     assert cost is not None and 0 < cost < 0.01
+
+
+def test_best_of_n_carries_the_fastest_verified_sample(
+    server: ScriptedServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stage builds, verifies and times each sample with the pipeline's own stage
+    functions (faked here: a real build + sandboxed verification per sample is minutes)."""
+    from kforge.schema import Profile, Verdict
+    from kforge.stages import compile as compile_stage
+    from kforge.stages import profile as profile_stage
+    from kforge.stages import verify as verify_stage
+    from kforge.stages.records import CompileRecord, ProfileRecord, VerifyRecord
+
+    from .helpers import timing
+
+    kernels = {seed: GOOD_KERNEL.replace("relu_kernel", f"relu_v{seed}") for seed in range(3)}
+    speed = {"relu_v0": 0.5, "relu_v1": 2.0, "relu_v2": 1.0}  # v0 is fastest but wrong
+    server.responder = lambda received: ok(fenced(kernels[received.body["seed"]]))
+
+    def name(kernel: Path) -> str:
+        return next(k for k in speed if k in kernel.read_text())
+
+    def fake_compile(ctx: StageContext, *, platform: str, kernel: Path, out: Path) -> CompileRecord:
+        return CompileRecord(platform=platform, source=name(kernel), ok=True, reason="ok", log=None, seconds=0.0)
+
+    def fake_verify(ctx: StageContext, *, kernel: Path, **_: object) -> VerifyRecord:
+        ok_ = name(kernel) != "relu_v0"
+        verdict = Verdict(ok=ok_, reason="ok" if ok_ else "output_mismatch", policy="strict",
+                          atol=1e-4, rtol=1e-4)
+        return VerifyRecord(platform="cpu", problem_source="p", source=name(kernel), verdict=verdict)
+
+    def fake_profile(ctx: StageContext, *, kernel: Path, **_: object) -> ProfileRecord:
+        profile = Profile(ok=True, candidate=timing(speed[name(kernel)]))
+        return ProfileRecord(platform="cpu", problem_source="p", source=name(kernel), profile=profile)
+
+    monkeypatch.setattr(compile_stage, "run_compile", fake_compile)
+    monkeypatch.setattr(verify_stage, "run_verify", fake_verify)
+    monkeypatch.setattr(profile_stage, "run_profile", fake_profile)
+    config = parse_config({
+        "store": str(tmp_path / "artifacts"),
+        "agents": {"llm": {"kind": "litellm", "model": "openai/kforge-test", "num_retries": 0,
+                           "api_base": server.api_base, "samples": 3, **PRICED}},
+        "suites": {"s": {"path": str(tmp_path)}},
+        "run": {"agents": ["llm"], "platforms": ["cpu"], "suites": ["s"]},
+    })
+    ctx = StageContext(config=config, store=Store(config.store))
+    result = generate_cached(ctx, "llm", generation_request(), suite="s")
+    assert result.source == kernels[2] and result.plan["chosen_sample"] == 2
+    assert [s.get("verdict") for s in result.plan["samples"]] == ["output_mismatch", "ok", "ok"]
+    assert [s.get("ms") for s in result.plan["samples"]] == [None, 2.0, 1.0]
+    assert result.transcript.usage.prompt_tokens == 3 * 120
