@@ -208,6 +208,7 @@ class AgentContext(Record):
     preset: str = ""  # the size preset the candidate is timed at
     timed_sizes: dict[str, int] = Field(default_factory=dict)
     timings: dict[str, float] = Field(default_factory=dict)  # candidate/eager/compile ms, ...
+    signals: dict[str, Any] = Field(default_factory=dict)  # profiler signals of that candidate
     ledger: list[Attempt] = Field(default_factory=list)
     best_source: str | None = None  # the fastest verified kernel so far, when not the previous
 

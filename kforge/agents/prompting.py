@@ -190,7 +190,9 @@ def contract_section(context: AgentContext | None, policy: Policy) -> str:
     )
 
 
-def progress_section(context: AgentContext | None) -> str:
+def progress_section(context: AgentContext | None, *, signals: bool = True) -> str:
+    """Timings, profiler signals (the analyst has them in its profile already: ``signals=
+    False``), the attempt ledger and the best kernel so far."""
     if context is None or not context.ledger:
         return ""
     t = context.timings
@@ -204,6 +206,8 @@ def progress_section(context: AgentContext | None) -> str:
     if "roofline_ms" in t:
         frac = f"; the candidate runs at {t['roofline_fraction']:.1%} of that speed" if "roofline_fraction" in t else ""
         parts.append(f"- roofline floor: {t['roofline_ms']:.4g} ms{frac}")
+    for key, value in context.signals.items() if signals else ():
+        parts.append(f"- {key}: {value}")
     if "max_abs_err" in t:
         parts.append(f"- its largest error: {t['max_abs_err']:.3g} (tolerance {t.get('tolerance', 0):.0e})")
     rows = [
@@ -308,7 +312,7 @@ def render_analysis_messages(req: AnalysisRequest) -> list[dict[str, str]]:
         reference=reference,
         contract=contract_section(req.context, req.policy),
         device=device_section(req.context),
-        progress=progress_section(req.context),
+        progress=progress_section(req.context, signals=False),
     )
     return [
         {"role": "system", "content": prompt_text("system")},

@@ -369,6 +369,14 @@ def _timings(context: AgentContext, profiled: Any, verified: Any, policy: str) -
         if prof.roofline_ms:
             t["roofline_ms"] = _round3(prof.roofline_ms)
             t["roofline_fraction"] = _round3(prof.roofline_ms / prof.candidate.median_ms)
+        from kforge.agents.prompting import PROFILE_NOISE
+
+        if prof.kernels:  # where the time goes, per kernel (top 5)
+            context.signals["kernels (name: calls, total us)"] = "; ".join(
+                f"{k.name}: {k.calls}, {k.total_us:.0f}" for k in prof.kernels[:5])
+        for key, value in sorted(prof.extra.items()):  # ncu metrics and the like, not noise
+            if key not in PROFILE_NOISE and isinstance(value, int | float | str | bool):
+                context.signals[key] = _round3(value) if isinstance(value, float) else value
     if verified is not None and verified.verdict.max_abs_err is not None:
         t["max_abs_err"] = _round3(verified.verdict.max_abs_err)
         t["tolerance"] = TOLERANCES[policy]

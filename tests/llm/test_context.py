@@ -11,7 +11,7 @@ import pytest
 
 from kforge.agents.llm_agent import LLMAgent
 from kforge.config import parse_config
-from kforge.schema import ProblemMeta, Profile, Recommendation, Verdict
+from kforge.schema import KernelStat, ProblemMeta, Profile, Recommendation, Verdict
 from kforge.stages import agent_calls
 from kforge.stages.agent_calls import agent_context
 from kforge.stages.context import StageContext
@@ -63,7 +63,9 @@ def _round(ctx: StageContext, run: Path, r: int, mode: str, ms: float | None, re
     _write(folder, "verify.json", VerifyRecord(**base, verdict=Verdict(
         ok=reason == "ok", reason=reason, policy="strict", atol=1e-4, rtol=1e-4, max_abs_err=3e-6)))
     profile = None if ms is None else Profile(
-        ok=True, candidate=timing(ms), eager=timing(1.0), compiled=timing(0.8), roofline_ms=0.1)
+        ok=True, candidate=timing(ms), eager=timing(1.0), compiled=timing(0.8), roofline_ms=0.1,
+        kernels=[KernelStat(name="relu_kernel", calls=20, total_us=1500.0)],
+        extra={"achieved_occupancy": 0.41, "sandbox": "bwrap", "seconds": 12.5})
     _write(folder, "profile.json", ProfileRecord(**base, profile=profile))
     _write(folder, "analysis.json", AnalysisRecord(agent="llm", platform="cpu", source=source,
                                                    recommendation=rec))
@@ -92,6 +94,8 @@ def test_optimisation_prompts_carry_timings_ledger_device_and_contract(
     assert "- the previous candidate: 0.9 ms" in prompt
     assert "- PyTorch eager: 1 ms (candidate speedup 1.11x)" in prompt
     assert "- torch.compile: 0.8 ms (candidate speedup 0.89x)" in prompt
+    assert "- kernels (name: calls, total us): relu_kernel: 20, 1500" in prompt
+    assert "- achieved_occupancy: 0.41" in prompt and "bwrap" not in prompt  # signals, no noise
     assert "roofline floor: 0.1 ms; the candidate runs at 11.1% of that speed" in prompt and "largest error: 3e-06" in prompt
     assert "| 0 | initial | first candidate | ok | 2 |" in prompt
     assert "| 1 (best) | optimize | fuse (memory-bound) | ok | 0.5 |" in prompt
