@@ -217,7 +217,7 @@ def run_profile(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> No
                                             device, job["reps"], job.get("tol"))
     except Exception as exc:  # noqa: BLE001 - the problem's own code failed: not the candidate's
         fail("harness_error", exc)
-    clock = worker_clock(os.environ) if device == "cpu" else None
+    clock = worker_clock(os.environ)  # GPU: untested on a GPU
     module, integrity, _ = _import_candidate(job, fail, finish)
     try:
         ref, new = build_models(problem, module.ModelNew, seed, device)

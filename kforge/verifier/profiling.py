@@ -103,7 +103,7 @@ def profile_candidate(
            "reps": reps, "threads": threads, "tol": TOLERANCES[policy] if policy else None}
     clocks_before = read_clocks() if device == "cuda" else {"clock_telemetry": "unavailable",
                                                              "why": "no GPU clocks on a CPU platform"}
-    timer = CallTimer() if device == "cpu" else None
+    timer = CallTimer()  # on the GPU the parent bounds the event times (untested on a GPU)
     out = run_job(job, scratch_root=None, env_extra=plat.worker_env(build),
                   limits=Limits(timeout_s=timeout_s, memory_mb=None), gpu=device == "cuda",
                   candidate_source=source, ro_paths=[build, problem_path.parent], companion=timer)
@@ -118,7 +118,7 @@ def profile_candidate(
     timings = {k: Timing.model_validate(v) for k, v in body["timings"].items()}
     extra.update(body.get("extra", {}))
     if timer is not None:
-        threads_used = int(dict(extra.get("pin") or {}).get("threads") or threads or 1)
+        threads_used = int(dict(extra.get("pin") or {}).get("threads") or threads or 1) if device == "cpu" else 0
         problem_ = consistency(timer.calls, threads_used, reps, list(timings)) or "; ".join(timer.errors)
         if problem_:
             return Profile(ok=False, reason=Reason.TIMING_INCONSISTENT.value, detail=problem_,

@@ -81,10 +81,11 @@ class L2Flush:
             self.buffer.fill_(1.0)
 
 
-Clock = Callable[[str, int, Callable[[], Any]], tuple[float, Any]]
+Clock = Callable[..., tuple[float, Any]]  # (name, rep, fn, claim=None) -> (ms, what fn returned)
 
 
-def host_clock(name: str, rep: int, fn: Callable[[], Any]) -> tuple[float, Any]:
+def host_clock(name: str, rep: int, fn: Callable[[], Any],
+               claim: Callable[[Any], int] | None = None) -> tuple[float, Any]:
     """The in-process clock: milliseconds of one call, and what it returned."""
     t0 = time.perf_counter_ns()
     out = fn()
@@ -144,8 +145,8 @@ def time_alternating(
 
     With a ``plan`` every call gets the plan's buffers for its repetition (refilled first,
     outside the timed window) and ``observe`` sees what each timed call returned. ``clock``
-    times one CPU call (``handshake.py`` hands the timing to the parent); on the GPU the
-    events time it and a host clock after a full sync checks them."""
+    times one call (``handshake.py`` hands it to the parent's clock); on the GPU the events
+    time it, and the claim the parent checks is the event time (UNTESTED ON A GPU)."""
     flush = L2Flush(device)
 
     def args(rep: int) -> tuple[int, int, list[Any]]:
@@ -168,7 +169,9 @@ def time_alternating(
             flush()
             call = functools.partial(fns[name], *values)
             if device == "cuda":
-                ev, host, out = _time_cuda(call)
+                torch.cuda.synchronize()  # the flush ends outside the parent's window
+                _, (ev, host, out) = clock(name, rep, functools.partial(_time_cuda, call),
+                                           claim=lambda r: int(r[0] * 1e6))
                 samples[name].ms.append(ev)
                 samples[name].host_ms.append(host)
             else:
