@@ -195,6 +195,8 @@ def check_params(params: dict[str, Any], caps: ModelCaps, notes: list[str]) -> d
                 raise
             notes.append(f"{culprit}: left out, litellm refuses it for {params['model']}")
             params.pop(culprit)
+        except Exception:  # a provider litellm cannot check offline: completion() checks again
+            return params
     return params
 
 
