@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return verify_main(argv[1:])
     if argv[:1] == ["bench"]:
-        from kforge.verifier.bench import main as bench_main
+        from kforge.verifier.cli import bench_main
 
         return bench_main(argv[1:])
     parser = argparse.ArgumentParser(prog="kforge", description=__doc__.splitlines()[0])
