@@ -87,3 +87,23 @@ def test_sandbox_runs_an_interpreter_from_a_venv_under_tmp(tmp_path_factory: pyt
         assert out.stdout.startswith("ok "), out.stdout + out.stderr[-2000:]
     finally:
         subprocess.run(["rm", "-rf", str(venv)], check=False)
+
+
+def test_bench_times_the_honest_control_and_rejects_an_offender(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from kforge.verifier.cli import bench_main
+
+    cand = tmp_path / "cand.py"
+    common = ["--problem", str(off.PROBLEM), "--build-dir", str(tmp_path / "build"), "--json", "--threads", "1"]
+    cand.write_text(off.STALE_AFTER_N)
+    assert bench_main([str(cand), *common]) == 1  # verification's repeat phase rejects it
+    rejected = json.loads(capsys.readouterr().out)
+    assert rejected["reason"] == "stale_output" and "repeat phase" in rejected["detail"], rejected
+    cand.write_text(off.HONEST)
+    assert bench_main([str(cand), *common, "--reps", "10"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["verified"] and got["reason"] == "ok" and got["clock"].startswith("parent handshake"), got
+    assert got["checked"] == "checked" and got["candidate"]["median_ms"] > 0 and got["speedup_vs_eager"], got
+    assert got["status"] in {"shipped", "no_gain"}, got

@@ -39,10 +39,13 @@ def test_problem_folder_under_tmp_is_visible_to_the_sandboxed_reference(tmp_path
     """bwrap mounts a private /tmp: the problem's folder must be bound for both workers."""
     import shutil
 
+    from kforge.platforms.cpu import PLATFORM
     from kforge.verifier import verify_candidate
 
     refs = Path(__file__).resolve().parents[2] / "refs" / "cpu"
     shutil.copy(refs / "problem.py", tmp_path / "problem.py")
-    verdict = verify_candidate((refs / "solution.py").read_text(), tmp_path / "problem.py",
-                               platform="cpu", policy="strict", trials=1, timeout_s=120)
+    source = (refs / "solution.py").read_text()
+    assert PLATFORM.build(source, tmp_path / "build").ok  # built here, not left to an earlier test
+    verdict = verify_candidate(source, tmp_path / "problem.py", platform="cpu", policy="strict", trials=1,
+                               timeout_s=120, build_dir=tmp_path / "build")
     assert verdict.ok, verdict
