@@ -25,11 +25,11 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 STAGE_CODE: dict[str, tuple[str, ...]] = {
     "problem": ("problems.py", "problem_cost.py", "stages/problem.py"),
     "example": ("platforms/*.py", "stages/example.py"),
-    "generate": ("agents/**/*.py", "llm.py", "problems.py", "stages/generate.py", "stages/agent_calls.py"),
+    "generate": ("agents/**/*.py", "llm*.py", "problems.py", "stages/generate.py", "stages/agent_calls.py"),
     "compile": ("platforms/*.py", "stages/compile.py"),
     "verify": ("verifier/*.py", "platforms/*.py", "problems.py", "problem_cost.py", "stages/verify.py"),
     "profile": ("verifier/*.py", "platforms/*.py", "problems.py", "problem_cost.py", "stages/profile.py"),
-    "analyze": ("agents/**/*.py", "llm.py", "stages/analyze.py", "stages/agent_calls.py"),
+    "analyze": ("agents/**/*.py", "llm*.py", "stages/analyze.py", "stages/agent_calls.py"),
     "select": ("verifier/*.py", "platforms/*.py", "problems.py", "problem_cost.py", "stages/select.py"),
 }
 STAGE_CODE["refine"] = STAGE_CODE["generate"] + ("stages/refine.py",)

@@ -104,6 +104,8 @@ class ExpertAgent:
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         messages = render_generation_messages(request)
+        if request.platform in ("triton", "cpu"):
+            return self._compile(request, messages)
         try:
             graph = trace_problem(request.problem_source)
             if request.platform in ("triton", "cuda"):
@@ -123,6 +125,38 @@ class ExpertAgent:
         plan_data = {"platform": request.platform, "graph": graph.model_dump(mode="json"),
                      "cpu": plan.model_dump(mode="json")}
         return GenerationResult(source=source, extraction="ok", plan=plan_data,
+                                transcript=self._transcript("generate", messages, source))
+
+    def _compile(self, request: GenerationRequest, messages: list[dict[str, str]]) -> GenerationResult:
+        """The fusion compiler's path (:mod:`.compiler`): triton and cpu."""
+        from kforge.agents.expert.compiler import plan_record, round_knobs
+        from kforge.agents.expert.planner import plan_problem
+
+        try:
+            program = plan_problem(request.problem_source)
+            if request.platform == "triton":
+                from kforge.agents.expert.triton_matmul import PlanError, check_knobs
+                from kforge.agents.expert.triton_render import default_knobs, render_triton
+
+                defaults = default_knobs(program, request.policy)
+                knobs, notes = round_knobs(program, defaults, request)
+                try:
+                    knobs = {n: check_knobs(kv, request.policy) if "precision" in kv else kv for n, kv in knobs.items()}
+                except PlanError as err:
+                    knobs, notes = defaults, [*notes, f"rejected ({err}): back to the defaults"]
+                source = render_triton(program, knobs, request.policy, request.problem_source)
+            else:
+                from kforge.agents.expert.cpu_render import default_cpu_knobs, render_cpu
+
+                defaults = default_cpu_knobs(program)
+                knobs, notes = round_knobs(program, defaults, request)
+                source = render_cpu(program, knobs, request.problem_source)
+        except UnsupportedError as err:
+            reason = str(err)
+            return GenerationResult(source=None, extraction=reason, plan={},
+                                    transcript=self._transcript("generate", messages, reason, error=reason))
+        plan = plan_record(program, knobs, notes, request.platform)
+        return GenerationResult(source=source, extraction="ok", plan=plan,
                                 transcript=self._transcript("generate", messages, source))
 
     def analyze(self, request: AnalysisRequest) -> AnalysisResult:

@@ -40,6 +40,10 @@ def recommend(request: AnalysisRequest) -> Recommendation:
             result = getattr(module, f"analyze_{request.platform}")(request, request.plan)
         return result
     graph_data = request.plan.get("graph")
+    if request.plan.get("compiler") == "fusion-v2":
+        from kforge.agents.expert.cpu_compiled_analysis import recommend_compiled_cpu
+
+        return recommend_compiled_cpu(request)
     if not graph_data:
         return Recommendation(bottleneck="unknown", evidence=evidence(profile),
                               summary="the candidate carries no expert plan (not an expert candidate)")

@@ -265,7 +265,7 @@ def generate_cuda(
     knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     imports = ["import torch", "import torch.nn as nn"]
     if problem_source is not None:
-        from kforge.agents.expert.cpu_codegen import reference_init
+        from kforge.agents.expert.candidate import reference_init
 
         extra, init = reference_init(problem_source)
         imports = list(dict.fromkeys([*imports, *extra]))

@@ -1,0 +1,133 @@
+"""The parts of a generated candidate every backend shares: ``ModelNew`` and its ``forward``.
+
+``ModelNew.__init__`` is the reference's ``__init__`` (its source, with KernelBench's
+``super(Model, self).__init__()`` made ``super().__init__()``), so every parameter and
+buffer has the reference's name, shape and seeded value for any init inputs. ``forward``:
+
+1. reads every size symbol from the shape of the tensor it was traced from;
+2. binds each placeholder buffer (a forward argument, made contiguous, or a state tensor);
+3. allocates each temporary and output buffer (``torch.empty``: every element is stored by a
+   kernel before it is read);
+4. launches the kernels in order (the backend's lines), and returns the outputs.
+
+Sizes are sympy expressions over the symbols; :func:`py_expr` prints them as Python.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+import sympy
+
+from kforge.agents.expert.graph import UnsupportedError
+from kforge.agents.expert.kernels import Kernel, Program
+
+TORCH_DTYPES = {"f32": "torch.float32", "i64": "torch.int64", "i32": "torch.int32", "bool": "torch.bool"}
+
+
+def py_expr(expr: Any) -> str:
+    """A sympy size expression as Python source over the symbols' names."""
+    from torch.utils._sympy import functions as F
+
+    e = sympy.sympify(expr)
+    if isinstance(e, sympy.Symbol):
+        return str(e)
+    if isinstance(e, sympy.Integer):
+        return str(int(e))
+    if isinstance(e, sympy.Float | sympy.Rational) and e.is_number:
+        return repr(float(e))
+    args = [py_expr(a) for a in e.args]
+    if isinstance(e, sympy.Add):
+        return "(" + " + ".join(args) + ")"
+    if isinstance(e, sympy.Mul):
+        return "(" + " * ".join(args) + ")"
+    if isinstance(e, sympy.Pow) and e.args[1].is_Integer:
+        n = int(e.args[1])
+        return f"({args[0]} ** {n})" if n >= 0 else f"(1.0 / ({args[0]} ** {-n}))"
+    if isinstance(e, F.FloorDiv):
+        return f"({args[0]} // {args[1]})"
+    if isinstance(e, F.CeilDiv):
+        return f"(-((-{args[0]}) // {args[1]}))"
+    if isinstance(e, F.ModularIndexing):
+        return f"(({args[0]} // {args[1]}) % {args[2]})"
+    if isinstance(e, F.Mod | F.PythonMod | sympy.Mod):
+        return f"({args[0]} % {args[1]})"
+    if isinstance(e, F.FloatTrueDiv | F.IntTrueDiv):
+        return f"({args[0]} / {args[1]})"
+    if isinstance(e, F.ToFloat):
+        return f"float({args[0]})"
+    if isinstance(e, F.TruncToInt | F.FloorToInt):
+        return f"int({args[0]})"
+    if isinstance(e, sympy.Max | F.Max):
+        return f"max({', '.join(args)})"
+    if isinstance(e, sympy.Min | F.Min):
+        return f"min({', '.join(args)})"
+    raise UnsupportedError(f"size expression {e} ({type(e).__name__})")
+
+
+def reference_init(problem_source: str) -> tuple[list[str], str]:
+    """The problem's import lines and ``Model.__init__`` (``def`` included), with
+    ``super(Model, self)`` written ``super()`` so it initialises ``ModelNew``."""
+    tree = ast.parse(problem_source)
+    imports = [ast.get_source_segment(problem_source, n) or "" for n in tree.body
+               if isinstance(n, ast.Import | ast.ImportFrom)]
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "Model":
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                    for call in ast.walk(item):
+                        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "super":
+                            call.args = []
+                    return imports, ast.unparse(item) + "\n"
+    return imports, "def __init__(self, *args, **kwargs):\n    super().__init__()\n"
+
+
+STATE_HELPER = '''def _state(module, name):
+    """A parameter or buffer of ``module`` by its dotted state_dict name, contiguous."""
+    owner, _, leaf = name.rpartition(".")
+    return getattr(module.get_submodule(owner) if owner else module, leaf).detach().contiguous()
+'''
+
+
+def forward_source(program: Program, arg_names: list[str], launch: Callable[[Kernel], list[str]],
+                   bind: Callable[[str], str] = lambda e: e) -> str:
+    """The body of ``ModelNew.forward`` (8-space indented lines)."""
+    lines: list[str] = []
+    ph_exprs: list[str] = []
+    for i, name in enumerate(program.placeholders):
+        buf = program.buffers[name]
+        if buf.kind == "input":
+            arg = arg_names[program.inputs.index(buf.source)]
+            if buf.shape == () and buf.dtype == "f32":
+                lines.append(f"{name} = torch.as_tensor({arg}, dtype=torch.float32, device=_device)")
+            else:
+                lines.append(f"{name} = {bind(f'{arg}.contiguous()')}")
+        else:
+            lines.append(f"{name} = {bind(f'_state(self, {buf.source!r})')}")
+        ph_exprs.append(name)
+    for sym, (index, dim) in sorted(program.sources.items(), key=lambda kv: str(kv[0])):
+        lines.append(f"{sym} = {ph_exprs[index]}.shape[{dim}]")
+    for buf in program.buffers.values():
+        if buf.kind == "temp":
+            shape = ", ".join(py_expr(s) for s in buf.shape)
+            lines.append(f"{buf.name} = torch.empty(({shape}{',' if len(buf.shape) == 1 else ''}), "
+                         f"dtype={TORCH_DTYPES[buf.dtype]}, device=_device)")
+    for kernel in program.kernels:
+        lines.extend(launch(kernel))
+    outs = ", ".join(program.outputs)
+    lines.append(f"return ({outs},)" if program.returns_tuple and len(program.outputs) == 1
+                 else f"return {outs}")
+    return "\n".join(f"        {line}" for line in lines)
+
+
+def model_new_source(program: Program, problem_source: str, launch: Callable[[Kernel], list[str]],
+                     device_line: str, bind: Callable[[str], str] = lambda e: e) -> tuple[list[str], str]:
+    """(the problem's imports, the ``ModelNew`` class source)."""
+    imports, init = reference_init(problem_source)
+    arg_names = [f"x{i}" for i in range(len(program.inputs))]
+    head = f"    def forward(self, {', '.join(arg_names)}):\n        {device_line}\n"
+    body = forward_source(program, arg_names, launch, bind)
+    return imports, "class ModelNew(nn.Module):\n" + textwrap.indent(init, "    ") + "\n" + head + body + "\n"

@@ -1,0 +1,261 @@
+"""Capture a problem's ``Model`` as an ATen graph with PyTorch's own machinery.
+
+The problem source runs in a fresh namespace; ``Model(*get_init_inputs())`` and the inputs
+are built on the ``meta`` device (nothing is allocated, whatever the sizes), then
+``make_fx`` traces ``functional_call(model, state, inputs)`` under a fake-tensor mode whose
+every dimension is *symbolic* (no duck sizing: two sizes that happen to be equal stay two
+symbols unless the model forces them equal). The decomposition table is core ATen plus the
+composite ops whose decompositions are plain arithmetic (norms, softmax, logsumexp, mish,
+var, addmm), so ``nn.GroupNorm``, ``BatchNorm1d`` in training mode, ``F.mish`` and friends
+arrive as a small set of primitive ops instead of one hand-written lowering per module.
+
+The model is traced in the mode its constructor leaves it in (KernelBench never calls
+``eval()``): BatchNorm in training mode normalises with batch statistics and writes its
+running buffers, which appear in the graph as in-place updates of parameter placeholders.
+A reference that draws random numbers (Dropout with p > 0 in training mode) is refused with
+:class:`NondeterministicReference`: no kernel can be asked to match random numbers.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch
+
+from kforge.agents.expert.graph import UnsupportedError
+
+RANDOM_OPS = ("bernoulli", "rand", "randn", "randint", "native_dropout", "uniform", "normal",
+              "exponential", "multinomial", "randperm", "rrelu")
+
+
+class NondeterministicReference(UnsupportedError):
+    """The reference draws random numbers; ``str(err)`` starts with ``nondeterministic_reference``."""
+
+    def __init__(self, what: str) -> None:
+        ValueError.__init__(self, f"nondeterministic_reference: {what}")
+
+
+@dataclass
+class Placeholder:
+    """One traced argument: a state_dict entry (``param``) or a forward() argument (``input``)."""
+
+    name: str
+    role: str  # "param" | "input"
+    is_buffer: bool
+    dtype: torch.dtype
+    shape_hint: tuple[int, ...]
+    scalar: bool = False  # a Python number in get_inputs(), passed to the kernels as a 0-d tensor
+
+
+@dataclass
+class Captured:
+    gm: torch.fx.GraphModule
+    placeholders: list[Placeholder]
+    hints: dict[sympy.Symbol, int]  # each size symbol's value at the traced sizes
+    env: Any  # the ShapeEnv: ``size_expr`` applies its replacements (guards like s1 == s2)
+    # symbol -> (placeholder index, dim) where it appears bare: how ModelNew reads it back
+    sources: dict[sympy.Symbol, tuple[int, int]] = field(default_factory=dict)
+    unsourced: dict[sympy.Symbol, int] = field(default_factory=dict)
+
+    def size_expr(self, size: Any) -> sympy.Expr:
+        """A traced size (int, SymInt, SymFloat) as a sympy expression over canonical symbols
+        (a symbol no tensor shape carries, such as an init-only integer, at its value)."""
+        if isinstance(size, torch.SymInt | torch.SymFloat | torch.SymBool):
+            expr = sympy.sympify(self.env.simplify(size.node.expr))
+            return expr.subs(self.unsourced) if self.unsourced else expr
+        return sympy.sympify(size)
+
+    @property
+    def inputs(self) -> list[Placeholder]:
+        return [p for p in self.placeholders if p.role == "input"]
+
+    @property
+    def params(self) -> list[Placeholder]:
+        return [p for p in self.placeholders if p.role == "param"]
+
+
+def decomposition_table() -> dict[Any, Any]:
+    from torch._decomp import core_aten_decompositions, get_decompositions
+
+    aten = torch.ops.aten
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions([
+        aten.native_layer_norm, aten.native_group_norm, aten.native_batch_norm,
+        aten._native_batch_norm_legit_functional, aten._native_batch_norm_legit,
+        aten._native_batch_norm_legit_no_training, aten.var_mean, aten.var, aten.std,
+        aten._softmax, aten._log_softmax, aten.logsumexp, aten.mish, aten.addmm,
+        aten.linalg_vector_norm, aten.norm, aten.softplus, aten.hardswish, aten.hardsigmoid,
+        aten.silu, aten.native_dropout, aten.smooth_l1_loss, aten.huber_loss, aten.mse_loss,
+        aten.nll_loss_forward, aten.binary_cross_entropy, aten.avg_pool1d,
+        aten.adaptive_avg_pool1d, aten.adaptive_avg_pool2d, aten._adaptive_avg_pool2d,
+        aten.frobenius_norm, aten.kl_div,
+    ]))
+    for op in (aten.max_pool2d_with_indices, aten.max_pool3d_with_indices, aten.avg_pool2d,
+               aten.avg_pool3d, aten.gelu, aten.hardtanh, aten.leaky_relu, aten.elu):
+        for overload in list(table):
+            if getattr(overload, "overloadpacket", None) is op:
+                del table[overload]
+    return table
+
+
+def load_namespace(source: str) -> dict[str, Any]:
+    """Execute a problem's source in a fresh namespace (trusted reference code)."""
+    namespace: dict[str, Any] = {"__name__": "kforge_expert_problem"}
+    try:
+        exec(compile(source, "<problem>", "exec"), namespace)
+    except Exception as err:
+        raise UnsupportedError(f"the problem source does not run: {type(err).__name__}: {err}") from None
+    for needed in ("Model", "get_inputs", "get_init_inputs"):
+        if needed not in namespace:
+            raise UnsupportedError(f"the problem defines no {needed}")
+    return namespace
+
+
+def forward_arg_names(model_cls: type, count: int) -> list[str]:
+    """forward()'s argument names (``x0, x1, ...`` for ``*args`` or clashes)."""
+    try:
+        params = list(inspect.signature(model_cls.forward).parameters.values())[1:]
+    except (TypeError, ValueError):
+        params = []
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(names) < count or len(set(names)) != len(names) or any(n == "self" for n in names):
+        return [f"x{i}" for i in range(count)]
+    return [n if n.isidentifier() else f"x{i}" for i, n in enumerate(names[:count])]
+
+
+def _build_symbolic(model_cls: type, init_inputs: list[Any], env: Any, mode: Any, concrete: set[int]) -> Any:
+    """``Model`` built under the fake mode with every integer init input a size symbol, so
+    sizes that come from the constructor (``nn.LayerNorm(dim)``, ``num_groups``) stay
+    symbolic; ``None`` when the constructor cannot take symbolic ints."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+    import numbers
+
+    # nn.LayerNorm and friends test ``isinstance(n, numbers.Integral)``: a SymInt is one
+    # (registered once, in the agent's process only).
+    numbers.Integral.register(torch.SymInt)
+    args: list[Any] = []
+    for i, value in enumerate(init_inputs):
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 2 and i not in concrete:
+            sym = env.create_symbol(value, ConstantSource(f"init{i}"), dynamic_dim=DimDynamic.DYNAMIC)
+            args.append(env.create_symintnode(sym, hint=value))
+        else:
+            args.append(value)
+    try:
+        with torch.device("meta"), mode:
+            return model_cls(*args)
+    except Exception:  # noqa: BLE001 - any constructor error means: build it concretely
+        return None
+
+
+def capture_problem(source: str) -> Captured:
+    """Trace a KernelBench problem's ``Model`` to a symbolic-shape ATen graph.
+
+    Integer init inputs start symbolic; one that the forward uses as a plain Python number
+    (``make_fx`` cannot trace it: "not tracked with proxy") is made concrete and the trace
+    retried, and a constructor that rejects symbolic ints gets concrete ones throughout."""
+    ns = load_namespace(source)
+    try:
+        init_inputs = list(ns["get_init_inputs"]())
+        with torch.device("meta"):
+            raw_inputs = list(ns["get_inputs"]())
+    except Exception as err:
+        raise UnsupportedError(f"get_inputs()/get_init_inputs() failed: {type(err).__name__}: {err}") from None
+    concrete: set[int] = set()
+    for _ in range(len(init_inputs) + 2):
+        try:
+            return _capture(ns, init_inputs, list(raw_inputs), concrete)
+        except _Untracked as err:
+            found = {int(i) for i in re.findall(r"init(\d+)", err.sources)} - concrete
+            concrete |= found or set(range(len(init_inputs)))
+    raise UnsupportedError("make_fx cannot trace Model with symbolic or concrete init inputs")
+
+
+class _Untracked(Exception):
+    def __init__(self, sources: str) -> None:
+        super().__init__(sources)
+        self.sources = sources
+
+
+def _capture(ns: dict[str, Any], init_inputs: list[Any], raw_inputs: list[Any], concrete: set[int]) -> Captured:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import (
+        DimDynamic,
+        ShapeEnv,
+        StatelessSymbolicContext,
+    )
+    from torch.func import functional_call
+
+    env = ShapeEnv(duck_shape=False)
+    mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
+    model = None
+    if len(concrete) < len(init_inputs) or not init_inputs:
+        model = _build_symbolic(ns["Model"], init_inputs, env, mode, concrete)
+    if model is None:  # a constructor that needs concrete ints: sizes it reads are baked in
+        concrete |= set(range(len(init_inputs)))
+        try:
+            with torch.device("meta"):
+                model = ns["Model"](*init_inputs)
+        except Exception as err:
+            raise UnsupportedError(f"building Model on the meta device failed: {type(err).__name__}: {err}") from None
+    if not isinstance(model, torch.nn.Module):
+        raise UnsupportedError("Model(...) is not an nn.Module")
+    scalars = set()
+    for i, value in enumerate(raw_inputs):
+        if isinstance(value, float | int) and not isinstance(value, bool):
+            # a Python number argument: traced as a 0-d tensor, which ModelNew makes of it
+            raw_inputs[i] = torch.tensor(float(value), device="meta")
+            scalars.add(i)
+        elif not isinstance(value, torch.Tensor):
+            raise UnsupportedError(f"get_inputs()[{i}] is a {type(value).__name__}, not a tensor")
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    names = list(state)
+    arg_names = forward_arg_names(type(model), len(raw_inputs))
+    placeholders = [
+        Placeholder(n, "param", n not in dict(model.named_parameters()), t.dtype,
+                    tuple(d.node.hint if isinstance(d, torch.SymInt) else int(d) for d in t.shape))
+        for n, t in state.items()
+    ] + [Placeholder(n, "input", False, t.dtype, tuple(t.shape), i in scalars)
+         for i, (n, t) in enumerate(zip(arg_names, raw_inputs, strict=True))]
+
+    def fake(t: torch.Tensor) -> torch.Tensor:
+        if isinstance(t, torch._subclasses.fake_tensor.FakeTensor):
+            return t
+        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * t.dim())
+        return mode.from_tensor(t, symbolic_context=ctx)
+
+    args = [fake(t) for t in [*state.values(), *raw_inputs]]
+
+    def run(*flat: torch.Tensor) -> Any:
+        return functional_call(model, dict(zip(names, flat[: len(names)], strict=True)), tuple(flat[len(names):]))
+
+    try:
+        with mode:
+            gm = make_fx(run, decomposition_table=decomposition_table())(*args)
+    except Exception as err:  # data-dependent control flow, unsupported ops in tracing, ...
+        text = str(err)
+        if "not tracked with proxy" in text and len(concrete) < len(init_inputs):
+            syms = set(re.findall(r"\b(s\d+)\b", text))
+            sources = " ".join(str(src.name) for sym, srcs in env.var_to_sources.items()
+                               if str(sym) in syms for src in srcs)
+            raise _Untracked(sources) from None
+        raise UnsupportedError(f"make_fx cannot trace Model: {type(err).__name__}: {text[:300]}") from None
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and any(r in str(node.target) for r in RANDOM_OPS):
+            raise NondeterministicReference(f"the reference draws random numbers ({node.target})")
+    hints = {sym: int(val) for sym, val in env.backed_var_to_val.items()}
+    captured = Captured(gm=gm, placeholders=placeholders, hints=hints, env=env)
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for index, node in enumerate(phs):
+        for dim, size in enumerate(node.meta["val"].shape):
+            expr = captured.size_expr(size)
+            if isinstance(expr, sympy.Symbol) and expr not in captured.sources:
+                captured.sources[expr] = (index, dim)
+    captured.unsourced = {s: v for s, v in hints.items() if s not in captured.sources}
+    return captured
