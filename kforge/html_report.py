@@ -3,8 +3,9 @@
 Charts are matplotlib SVG inlined in the page (no script, no fetch, no font download: text stays
 text with ``svg.fonttype = none``): speedup per problem with every failure visible, fast_p
 curves per agent / platform / suite / policy, speedup per round, roofline position, cost per
-shipped kernel. Tables: the suite summary, precision and error margin, and one row per cell
-linking to its provenance chain and kernel source further down the page.
+shipped kernel. Tables: the suite summary, precision (tolerances and the winner's errors: the
+verifier passes |a - b| <= atol + rtol * |b| elementwise, so max abs err alone can exceed atol),
+and one row per cell linking to its provenance chain and kernel source further down the page.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def speedup_chart(rows: list[dict[str, Any]]) -> str:
     agents = len({r["agent"] for r in rows})
     fig, ax = plt.subplots(figsize=(9, 0.8 + 0.32 * len(rows)))
     shown = [r.get("speedup_vs_best") or 0.0 for r in rows]
-    top = max(2.0, min(10.0, max(shown, default=1.0) * 1.25))
+    thresholds = [r.get("ship_threshold") or 0.0 for r in rows]
+    top = max(2.0, min(10.0, max(shown + thresholds, default=1.0) * 1.15))
     for y, (r, value) in enumerate(zip(rows, shown, strict=True)):
         measured = value > 0
         ax.barh(y, min(value, top) if measured else top * 0.02, color=_color(r["status"]),
@@ -207,15 +209,15 @@ def summary_table(summary: list[dict[str, Any]]) -> str:
 
 def cells_table(rows: list[dict[str, Any]]) -> str:
     headers = ["agent", "platform", "problem", "status", "x best", "ship if >", "answer x", "policy", "atol",
-               "max abs err", "margin used", "detail", "chain"]
+               "rtol", "max abs err", "rel err norm", "detail", "chain"]
     body = []
     for i, r in enumerate(rows):
         cls = "status-shipped" if r["status"] == "shipped" else ("" if r["status"] in COLORS else "status-fail")
-        margin = r["max_abs_err"] / r["atol"] if r.get("max_abs_err") is not None and r.get("atol") else None
         body.append([_td(r["agent"], cls=""), _td(r["platform"], cls=""), _td(r["problem"], cls=""),
                      f'<td class="{cls}">{html.escape(r["status"])}</td>', _td(r.get("speedup_vs_best")),
                      _td(r.get("ship_threshold")), _td(r.get("shipped_speedup")), _td(r["policy"], cls=""),
-                     _td(r.get("atol"), "{:g}"), _td(r.get("max_abs_err"), "{:.2e}"), _td(margin, "{:.1%}"),
+                     _td(r.get("atol"), "{:g}"), _td(r.get("rtol"), "{:g}"),
+                     _td(r.get("max_abs_err"), "{:.2e}"), _td(r.get("rel_err_norm"), "{:.2e}"),
                      f"<td>{html.escape(str(r.get('detail') or ''))[:160]}</td>",
                      f'<td><a href="#cell-{i}">provenance, source</a></td>'])
     return _table(headers, body)

@@ -50,7 +50,7 @@ def test_page_is_self_contained_with_every_chart(page: Path) -> None:
     assert not re.search(r"<script|<link|<iframe|@import|url\((?!#)", text, re.I)  # url(#clip) is in-page
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", text, re.I)  # nothing fetched
     for word in ("Suite summary", "geomean ALL", "fast_1.5", "nondeterministic_reference",
-                 "provenance chain", "kernel source", "margin used"):
+                 "provenance chain", "kernel source", "rel err norm"):
         assert word in text, word
     assert 'href="#cell-0"' in text and 'id="cell-0"' in text
 
