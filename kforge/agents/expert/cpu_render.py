@@ -1,0 +1,355 @@
+"""The CPU backend: a :class:`~.kernels.Program` -> a candidate module (C++ / OpenMP).
+
+The module follows ``refs/cpu``: the kernels are one C++ translation unit in a ``CPP_SOURCE``
+raw string, built and loaded by :mod:`kforge.platforms.cpu_runtime`, called through ctypes
+with raw pointers, sizes as int64 (a float-valued size expression, such as BatchNorm's
+``n / (n - 1)``, as a double) and the thread count last. Every size is an argument computed
+by ``ModelNew.forward`` from its tensors' shapes, so one candidate serves every size.
+
+Loop shapes per kernel kind:
+
+* pointwise: the flattened outer dims x chunks of the last dim in parallel, the last dim
+  vectorised (``omp simd``);
+* row: *row* mode (reduced dims innermost in memory): one outer row per iteration, each pass
+  one vectorised loop with an OpenMP ``reduction`` clause (sums in double); *column* mode (the
+  last outer dim is the contiguous one: a column sum, softmax over dim 1): blocks of
+  ``col_block`` columns per iteration, accumulators per column, the columns vectorised;
+  *flat* mode (no outer dim: a loss): the reduction itself is split over the threads;
+* gemm: :mod:`.cpu_render_gemm`; scan: outer rows in parallel, a running value in double.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+
+from kforge.agents.expert.candidate import STATE_HELPER, model_new_source, py_expr
+from kforge.agents.expert.cpu_expr import CTYPES, PRELUDE, Block, Emitter, Scope
+from kforge.agents.expert.cpu_render_gemm import gemm_body, gemm_prelude
+from kforge.agents.expert.graph import UnsupportedError
+from kforge.agents.expert.kernels import (
+    GemmKernel,
+    Kernel,
+    PointwiseKernel,
+    Program,
+    Reduction,
+    RowKernel,
+    ScanKernel,
+    Store,
+)
+from kforge.agents.expert.lower import E, linear, var
+
+DEFAULT_KNOBS: dict[str, Any] = {"fast": True, "chunk": 4096, "col_block": 64, "par_min": 16384,
+                                 "mr": 6, "nr": 16, "kc": 256, "mc": 96, "nc": 1024}
+OMP_OP = {"sum": "+", "prod": "*", "max": "max", "min": "min", "any": "||", "all": "&&"}
+HEADER = '"""KForge expert candidate for the cpu platform (generated: {summary}; knobs: {knobs})."""\n'
+ENTRY_HELPER = '''_LIB = cpu_runtime.load_library(CPP_SOURCE)
+_CTYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "d": ctypes.c_double}
+
+
+def _entry(name, signature):
+    """The kernel ``name``; one letter per argument: pointer, int64, double."""
+    fn = _LIB[name]
+    fn.argtypes = [_CTYPES[c] for c in signature]
+    fn.restype = None
+    return fn
+'''
+
+
+class KernelRender:
+    """The C++ of one kernel and how ``forward`` launches it."""
+
+    def __init__(self, kernel: Kernel, program: Program, knobs: dict[str, Any]) -> None:
+        self.k, self.p, self.kn = kernel, program, knobs
+        self.em = Emitter(bool(knobs["fast"]))
+        self.fn = f"kf_{kernel.name}"
+
+    # ---------------------------------------------------------------- helpers
+    def dim(self, expr: Any) -> str:
+        e = sympy.sympify(expr)
+        return f"((int64_t){int(e)})" if e.is_number else self.em.size(e)
+
+    def prod(self, dims: list[str]) -> str:
+        return " * ".join(dims) if dims else "((int64_t)1)"
+
+    def store(self, s: Store, scope: Scope) -> str:
+        idx = self.em.expr(s.index, scope)
+        val = self.em.expr(s.value, scope)
+        return f"{self.em.ptr(s.buffer)}[{idx}] = ({CTYPES[self.p.buffers[s.buffer].dtype]}){val};"
+
+    def par(self, work: str, clauses: str = "") -> str:
+        return (f"#pragma omp parallel for num_threads(nthreads) schedule(static){clauses} "
+                f"if({work} > {int(self.kn['par_min'])})\n")
+
+    @staticmethod
+    def decode(q: str, names: list[str], dims: list[str]) -> list[str]:
+        """Loop variables ``names`` (row-major over ``dims``) from the flat index ``q``."""
+        if not names:
+            return []
+        if len(names) == 1:
+            return [f"const int64_t {names[0]} = {q};"]
+        out = [f"int64_t {q}_r = {q};"]
+        for n, d in reversed(list(zip(names[1:], dims[1:], strict=True))):
+            out.append(f"const int64_t {n} = {q}_r % {d}; {q}_r /= {d};")
+        out.append(f"const int64_t {names[0]} = {q}_r;")
+        return out
+
+    @staticmethod
+    def nest(parent: Block, names: list[str], dims: list[str], pragma: str) -> Block:
+        """Sequential loops over ``names``; the innermost carries ``pragma``; returns it."""
+        cur = parent
+        for i, (n, d) in enumerate(zip(names, dims, strict=True)):
+            head = (pragma if i == len(names) - 1 else "") + f"for (int64_t {n} = 0; {n} < {d}; ++{n})"
+            blk = Block(cur.scope.child((n,)), head)
+            cur.add(blk)
+            cur = blk
+        return cur
+
+    # ---------------------------------------------------------------- kinds
+    def body(self) -> str:
+        k = self.k
+        if isinstance(k, PointwiseKernel):
+            return self.pointwise(k).render(0)
+        if isinstance(k, RowKernel):
+            return self.row(k).render(0)
+        if isinstance(k, ScanKernel):
+            return self.scan(k).render(0)
+        if isinstance(k, GemmKernel):
+            return "{\n" + gemm_body(k, self.p, self.em, self.kn) + "}"
+        raise UnsupportedError(f"kernel kind {type(k).__name__}")  # pragma: no cover
+
+    def pointwise(self, k: PointwiseKernel) -> Block:
+        root = Block(Scope(None))
+        names = [f"p{i}" for i in range(len(k.space))]
+        dims = [self.dim(s) for s in k.space]
+        inner = root
+        if names:
+            ch = int(self.kn["chunk"])
+            root.scope.defs.append(f"const int64_t P = {self.prod(dims[:-1])}, D = {dims[-1]}, "
+                                   f"NCH = (D + {ch} - 1) / {ch};")
+            outer = Block(root.scope.child(tuple(names[:-1])), self.par("P * D") + "for (int64_t q = 0; q < P * NCH; ++q)")
+            outer.scope.defs.append(f"const int64_t qo = q / NCH, c0 = (q % NCH) * {ch}, c1 = std::min(D, c0 + {ch});")
+            outer.scope.defs += self.decode("qo", names[:-1], dims[:-1])
+            last = names[-1]
+            inner = Block(outer.scope.child((last,)), f"#pragma omp simd\nfor (int64_t {last} = c0; {last} < c1; ++{last})")
+            root.add(outer)
+            outer.add(inner)
+        for s in k.stores:
+            inner.add(self.store(s, inner.scope))
+        return root
+
+    def mode(self, k: RowKernel) -> str:
+        if not k.outer:
+            return "flat"
+        ol, rl = f"o{len(k.outer) - 1}", f"r{len(k.red) - 1}"
+        unit_o = unit_r = False
+        for r in k.reductions:
+            for e in r.body.walk():
+                if e.op == "load":
+                    terms = _terms(e.args[0])
+                    unit_o |= any(t.op == "var" and t.v[0] == ol for t in terms)
+                    unit_r |= any(t.op == "var" and t.v[0] == rl for t in terms)
+        if unit_o and not unit_r:
+            return "column"
+        if unit_r:
+            return "row"
+        return "row" if k.red_inner else "column"
+
+    def raw(self, r: Reduction) -> tuple[str, str]:
+        """(C++ type, initial value) of a reduction's running value."""
+        bdt = r.body.dt
+        if r.kind in ("sum", "prod"):
+            t = "double" if bdt == "f32" or r.dt == "f32" else "int64_t"
+            return t, "0" if r.kind == "sum" else "1"
+        if r.kind in ("any", "all"):
+            return "bool", "false" if r.kind == "any" else "true"
+        t = CTYPES[bdt]
+        hi = "INFINITY" if bdt == "f32" else "INT64_MAX"
+        return t, (f"(-{hi})" if bdt == "f32" else "INT64_MIN") if r.kind in ("max", "argmax") else hi
+
+    def update(self, r: Reduction, v: str, flat: str, at: str) -> str:
+        a = f"a_{r.acc}{at}"
+        if r.kind in ("argmax", "argmin"):
+            cmp = ">" if r.kind == "argmax" else "<"
+            bv, bi = f"bv_{r.acc}{at}", f"a_{r.acc}{at}"
+            return f"{{ const bool u = {v} {cmp} {bv}; {bv} = u ? {v} : {bv}; {bi} = u ? {flat} : {bi}; }}"
+        return {"sum": f"{a} += {v};", "prod": f"{a} *= {v};", "max": f"{a} = {v} > {a} ? {v} : {a};",
+                "min": f"{a} = {v} < {a} ? {v} : {a};", "any": f"{a} = {a} || {v};",
+                "all": f"{a} = {a} && {v};"}[r.kind]
+
+    def declare(self, r: Reduction, size: str) -> list[str]:
+        t, init = self.raw(r)
+        if r.kind in ("argmax", "argmin"):
+            decl = [(t, f"bv_{r.acc}", init), ("int64_t", f"a_{r.acc}", "0")]
+        else:
+            decl = [(t, f"a_{r.acc}", init)]
+        if not size:
+            return [f"{ty} {n} = {v};" for ty, n, v in decl]
+        return [f"{ty} {n}[{size}]; for (int64_t j = 0; j < jn; ++j) {n}[j] = {v};" for ty, n, v in decl]
+
+    def row(self, k: RowKernel) -> Block:
+        mode = self.mode(k)
+        root = Block(Scope(None))
+        on = [f"o{i}" for i in range(len(k.outer))]
+        od = [self.dim(s) for s in k.outer]
+        rn = [f"r{i}" for i in range(len(k.red))] or ["rz"]
+        rd = [self.dim(s) for s in k.red] or ["((int64_t)1)"]
+        rvars = tuple(var(f"r{i}", s) for i, s in enumerate(k.red))
+        flat_e = linear(rvars, k.red) if k.red else None
+        cb, ch = int(self.kn["col_block"]), int(self.kn["chunk"])
+        lead = on[:-1] if mode == "column" else on
+        root.scope.defs.append(f"const int64_t R = {self.prod(rd)};")
+        if mode == "flat":
+            cur = root
+            root.scope.defs.append(f"const int64_t RP = {self.prod(rd[:-1])}, RL = {rd[-1]}, NCH = (RL + {ch} - 1) / {ch};")
+        elif mode == "row":
+            root.scope.defs.append(f"const int64_t P = {self.prod(od)};")
+            cur = Block(root.scope.child(tuple(lead)), self.par("P * R") + "for (int64_t q = 0; q < P; ++q)")
+            cur.scope.defs += self.decode("q", on, od)
+            root.add(cur)
+        else:
+            root.scope.defs.append(f"const int64_t P = {self.prod(od[:-1])}, DL = {od[-1]}, NB = (DL + {cb} - 1) / {cb};")
+            cur = Block(root.scope.child(tuple(lead)), self.par("P * DL * R") + "for (int64_t q = 0; q < P * NB; ++q)")
+            cur.scope.defs.append(f"const int64_t qo = q / NB, j0 = (q % NB) * {cb}, jn = std::min((int64_t){cb}, DL - j0);")
+            cur.scope.defs += self.decode("qo", lead, od[:-1])
+            root.add(cur)
+
+        def loops(parent: Block, clauses: str, seq: bool) -> Block:
+            """The loop nest of one pass over the reduced dims; returns the innermost body."""
+            if mode == "flat":
+                head = "" if seq else self.par("RP * RL", clauses)
+                outer = Block(parent.scope.child(tuple(rn[:-1])), head + "for (int64_t q = 0; q < RP * NCH; ++q)")
+                outer.scope.defs.append(f"const int64_t qo = q / NCH, c0 = (q % NCH) * {ch}, c1 = std::min(RL, c0 + {ch});")
+                outer.scope.defs += self.decode("qo", rn[:-1], rd[:-1])
+                parent.add(outer)
+                simd = "" if seq else f"#pragma omp simd{clauses}\n"
+                inner = Block(outer.scope.child((rn[-1],)), f"{simd}for (int64_t {rn[-1]} = c0; {rn[-1]} < c1; ++{rn[-1]})")
+                outer.add(inner)
+                return inner
+            if mode == "row":
+                return self.nest(parent, rn, rd, "" if seq else f"#pragma omp simd{clauses}\n")
+            body = self.nest(parent, rn, rd, "")
+            col = Block(body.scope.child((on[-1],)), f"#pragma omp simd\nfor (int64_t {on[-1]} = j0; {on[-1]} < j0 + jn; ++{on[-1]})")
+            body.add(col)
+            return col
+
+        at = f"[{on[-1]} - j0]" if mode == "column" else ""
+        for pass_no in range(1, k.passes + 1):
+            reds = [r for r in k.reductions if r.pass_no == pass_no]
+            seq = any(r.kind in ("argmax", "argmin") for r in reds) and mode != "column"
+            clauses = "" if mode == "column" else "".join(f" reduction({OMP_OP[r.kind]}:a_{r.acc})" for r in reds if r.kind in OMP_OP)
+            for r in reds:
+                for line in self.declare(r, str(cb) if mode == "column" else ""):
+                    cur.add(line)
+            inner = loops(cur, clauses, seq)
+            flat = self.em.expr(flat_e, inner.scope) if flat_e is not None else "((int64_t)0)"
+            for r in reds:
+                inner.add(self.update(r, self.em.expr(r.body, inner.scope), flat, at))
+            for r in reds:
+                value = f"a_{r.acc}{at}"
+                self.em.accs[r.acc] = (f"(({CTYPES[r.dt]}){value})", frozenset({on[-1]}) if mode == "column" else frozenset())
+            nxt = Block(cur.scope.child((), tuple(r.acc for r in reds)))
+            cur.add(nxt)
+            cur = nxt
+        if k.outer_stores:
+            target = cur
+            if mode == "column":
+                target = Block(cur.scope.child((on[-1],)), f"#pragma omp simd\nfor (int64_t {on[-1]} = j0; {on[-1]} < j0 + jn; ++{on[-1]})")
+                cur.add(target)
+            for s in k.outer_stores:
+                target.add(self.store(s, target.scope))
+        if k.full_stores:
+            inner = loops(cur, "", False) if mode != "row" else self.nest(cur, rn, rd, "#pragma omp simd\n")
+            for s in k.full_stores:
+                inner.add(self.store(s, inner.scope))
+        return root
+
+    def scan(self, k: ScanKernel) -> Block:
+        root = Block(Scope(None))
+        on = [f"o{i}" for i in range(len(k.outer))]
+        od = [self.dim(s) for s in k.outer]
+        root.scope.defs.append(f"const int64_t P = {self.prod(od)}, L = {self.dim(k.length)};")
+        row = Block(root.scope.child(tuple(on)), self.par("P * L") + "for (int64_t q = 0; q < P; ++q)")
+        row.scope.defs += self.decode("q", on, od)
+        root.add(row)
+        t = "double" if k.body.dt == "f32" else "int64_t"
+        row.add(f"{t} run = {0 if k.op == 'sum' else 1};")
+        loop = Block(row.scope.child(("s",)), "for (int64_t s = 0; s < L; ++s)")
+        row.add(loop)
+        v = self.em.expr(k.body, loop.scope)
+        loop.add(f"run {'+' if k.op == 'sum' else '*'}= {v};")
+        st = Block(loop.scope.child((), ("scan",)))
+        loop.add(st)
+        self.em.accs["scan"] = (f"(({CTYPES[k.body.dt]})run)", frozenset({"s"}))
+        st.add(self.store(k.store, st.scope))
+        return root
+
+    # ---------------------------------------------------------------- assembly
+    def render(self) -> tuple[str, str, list[str]]:
+        """(C++ function, ctypes signature, Python launch lines)."""
+        body = self.body()
+        params = [f"{CTYPES[self.p.buffers[b].dtype]}* __restrict {ptr}" for b, ptr in self.em.buffers.items()]
+        sig = "p" * len(params)
+        args = [f"{b}.data_ptr()" for b in self.em.buffers]
+        for expr, name in self.em.sizes.items():
+            is_int = sympy.sympify(expr).is_integer is True
+            params.append(f"{'int64_t' if is_int else 'double'} {name}")
+            sig += "i" if is_int else "d"
+            args.append(py_expr(expr))
+        params.append("int64_t nthreads")
+        sig += "i"
+        args.append("_nt")
+        code = f'extern "C" void {self.fn}({", ".join(params)})\n{body}\n'
+        launch = [f"cpu_runtime.launch(_K[{self.fn!r}], {self.fn!r}, {', '.join(args)})"]
+        return code, sig, launch
+
+
+def shape_guard(program: Program) -> list[str]:
+    """Python lines that refuse tensors whose shape is not the program's (a size the capture
+    specialised): a clear error instead of kernels reading past the end of a buffer."""
+    lines = []
+    for name in program.placeholders:
+        buf = program.buffers[name]
+        want = "(" + "".join(f"{py_expr(s)}, " for s in buf.shape) + ")"
+        lines.append(f"if tuple({name}.shape) != {want}:")
+        lines.append(f"    raise ValueError(f'{name}: shape {{tuple({name}.shape)}}, kernels built for {{{want}}}')")
+    return lines
+
+
+def _terms(e: E) -> list[E]:
+    return [*_terms(e.args[0]), *_terms(e.args[1])] if e.op == "iadd" else [e]
+
+
+def render_cpu(program: Program, knobs: dict[str, Any], problem_source: str) -> str:
+    """A complete candidate module (``CPP_SOURCE`` + ``ModelNew``) for ``program``."""
+    kn = {**DEFAULT_KNOBS, **{k: v for k, v in (knobs or {}).items() if k in DEFAULT_KNOBS}}
+    funcs: list[str] = []
+    entries: list[str] = []
+    launches: dict[str, list[str]] = {}
+    for kernel in program.kernels:
+        code, sig, lines = KernelRender(kernel, program, kn).render()
+        funcs.append(code)
+        entries.append(f"    {'kf_' + kernel.name!r}: _entry({'kf_' + kernel.name!r}, {sig!r}),")
+        launches[kernel.name] = lines
+    prelude = PRELUDE + (gemm_prelude(kn) if any(isinstance(k, GemmKernel) for k in program.kernels) else "")
+    cpp = prelude + "\n" + "\n".join(funcs)
+    if '"""' in cpp:  # pragma: no cover - nothing we emit has one
+        raise UnsupportedError("generated C++ contains a triple quote")
+
+    first = program.kernels[0].name if program.kernels else ""
+
+    def launch(kernel: Kernel) -> list[str]:
+        return (shape_guard(program) if kernel.name == first else []) + launches[kernel.name]
+
+    imports, cls = model_new_source(program, problem_source, launch, "_device = torch.device('cpu')\n        _nt = cpu_runtime.threads()")
+    std = ["import ctypes", "import torch", "import torch.nn as nn"]
+    head = "\n".join(dict.fromkeys([*std, *imports]))
+    knob_text = ", ".join(f"{k}={v}" for k, v in kn.items())
+    return (HEADER.format(summary=program.summary(), knobs=knob_text) + "\n" + head
+            + "\n\nfrom kforge.platforms import cpu_runtime\n\n"
+            + f'CPP_SOURCE = r"""{cpp}"""\n\n' + ENTRY_HELPER
+            + "\n\n_K = {\n" + "\n".join(entries) + "\n}\n\n\n" + STATE_HELPER + "\n\n" + cls)
+
+
+__all__ = ["DEFAULT_KNOBS", "render_cpu"]
