@@ -146,11 +146,23 @@ def _build_symbolic(model_cls: type, init_inputs: list[Any], env: Any, mode: Any
             args.append(env.create_symintnode(sym, hint=value))
         else:
             args.append(value)
+    # Initialisers compute with the sizes (kaiming's fan-in under a sqrt) and would bake them
+    # in; the values do not matter here (only shapes are traced), so they are skipped.
+    init = torch.nn.init
+    saved = {name: fn for name, fn in vars(init).items() if name.endswith("_") and callable(fn)
+             and not name.startswith("_")}
+    saved["_calculate_fan_in_and_fan_out"] = init._calculate_fan_in_and_fan_out
     try:
+        for name in saved:
+            setattr(init, name, lambda tensor, *a, **k: tensor)
+        init._calculate_fan_in_and_fan_out = lambda tensor: (1, 1)  # type: ignore[assignment]
         with torch.device("meta"), mode:
             return model_cls(*args)
     except Exception:  # noqa: BLE001 - any constructor error means: build it concretely
         return None
+    finally:
+        for name, fn in saved.items():
+            setattr(init, name, fn)
 
 
 def capture_problem(source: str) -> Captured:

@@ -60,7 +60,8 @@ IDENTITY = {"sum": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf"), 
 
 
 def _vars(prefix: str, shape: tuple[Any, ...]) -> tuple[E, ...]:
-    return tuple(var(f"{prefix}{i}", s) for i, s in enumerate(shape))
+    """Loop variables over ``shape``; a size-1 dimension's index is the constant 0."""
+    return tuple(ZERO if sympy.sympify(s) == 1 else var(f"{prefix}{i}", s) for i, s in enumerate(shape))
 
 
 def same_shape(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
@@ -149,7 +150,7 @@ class Planner:
             except NotFusable:
                 e = None
             if e is not None and e.op == "load":
-                coeffs = affine(e.args[0], [v.v[0] for v in idx])
+                coeffs = affine(e.args[0], ["g0", "g1", "g2"])
                 if coeffs is not None:
                     strides, offset = coeffs
                     return Operand(e.v, (strides["g0"], strides["g1"], strides["g2"]), offset)
@@ -365,11 +366,22 @@ class Planner:
                 for k in a["kernel"]:
                     count *= k
                 result = E("div", (result, const(float(count), "f32")), dt="f32")
-        name = self.new_buffer(node)
+        def claim(n: Node, at: tuple[E, ...]) -> E | None:
+            if n is node:
+                if at != ov:
+                    raise NotFusable("pool value at another window")
+                return result
+            return None
+
+        region = {id(node)}  # pointwise consumers of the pooled value join the kernel
+        outer_nodes, _ = self.grow_row(region, node.shape, node.shape)
+        values = self.trial(outer_nodes, region, node.shape, ov, claim)
+        stores = self.store_region(outer_nodes, values, region, node.shape, ov)
         self.done.add(id(node))
-        store = Store(name, linear(ov, node.shape), result)
+        if self.outside_users(node, region):
+            stores.insert(0, Store(self.new_buffer(node), linear(ov, node.shape), result))
         self.kernels.append(RowKernel(f"k{len(self.kernels)}", node.shape, tuple(sympy.Integer(k) for k in a["kernel"]),
-                                      reds, [store], [], True))
+                                      reds, stores, [], True))
 
     def scan(self, node: Node) -> None:
         (x,) = node.tensors

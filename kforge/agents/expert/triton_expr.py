@@ -53,16 +53,27 @@ class TritonEmitter:
             return named
         if e.op == "const":
             return literal(e.v, e.dt)
+        if e.op == "cast" and e.args[0].op == "const":  # fold: literals have no .to()
+            v = e.args[0].v
+            return literal(bool(v) if e.dt == "bool" else (float(v) if e.dt == "f32" else int(v)), e.dt)
         code = self.render(e)
         name = f"t{len(self.cache)}"
         self.lines.append(f"{self.indent}{name} = {code}")
         self.cache[e] = name
         return name
 
+    def index(self, e: E) -> str:
+        """An offset that is a block even when it depends on no loop variable (a scalar
+        offset with a block mask is an error in Triton)."""
+        code = self(e)
+        if any(x.op == "var" for x in e.walk()):
+            return code
+        return f"({code}) + tl.zeros_like({self.mask}).to(tl.int64)"
+
     def render(self, e: E) -> str:
         op = e.op
         if op == "load":
-            return f"tl.load({e.v} + ({self(e.args[0])}), mask={self.mask}, other=0)"
+            return f"tl.load({e.v} + {self.index(e.args[0])}, mask={self.mask}, other=0)"
         a = [self(x) for x in e.args]
         binary = {"iadd": "+", "isub": "-", "imul": "*", "ifloordiv": "//", "imod": "%",
                   "add": "+", "sub": "-", "mul": "*", "div": "/", "eq": "==", "ne": "!=",
@@ -75,6 +86,8 @@ class TritonEmitter:
         if op in ("imax", "maximum"):
             return f"tl.maximum({a[0]}, {a[1]})"
         if op == "cast":
+            if e.args[0].op == "size" and e.dt == "f32":  # a scalar argument (int or float)
+                return f"({a[0]} + 0.0)"
             if e.dt == "bool":
                 return f"({a[0]} != 0)"
             return f"({a[0]}).to({TL_DTYPES[e.dt]})"

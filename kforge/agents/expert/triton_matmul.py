@@ -117,7 +117,7 @@ def gemm_kernel(k: GemmKernel, knobs: dict[str, Any], policy: str) -> tuple[str,
     sb = [stride(e) for e in k.b.strides]
     oa, ob = stride(k.a.offset), stride(k.b.offset)
     emit = TritonEmitter(_resolver(args, {"e0": "bb", "e1": "rm2", "e2": "rn2"}, {"acc": "acc"}), "out_mask")
-    stores = [f"    tl.store({st.buffer} + ({emit(st.index)}), {emit(st.value)}, mask=out_mask)" for st in k.stores]
+    stores = [f"    tl.store({st.buffer} + {emit.index(st.index)}, {emit(st.value)}, mask=out_mask)" for st in k.stores]
     body = "\n".join("        " + line for line in loop_body(knobs["precision"]))
     M, N, K = sizes["M"], sizes["N"], sizes["K"]
     src = f"""@triton.jit

@@ -120,7 +120,7 @@ def pointwise_kernel(k: PointwiseKernel, knobs: dict[str, Any]) -> tuple[str, li
     numel = args.size(_numel(k.space))
     head, names = _unflatten("offs", k.space, "p", args, "    ")
     emit = TritonEmitter(_resolver(args, names, {}), "mask")
-    stores = [f"    tl.store({st.buffer} + ({emit(st.index)}), {emit(st.value)}, mask=mask)" for st in k.stores]
+    stores = [f"    tl.store({st.buffer} + {emit.index(st.index)}, {emit(st.value)}, mask=mask)" for st in k.stores]
     block = int(knobs.get("BLOCK", 1024))
     src = [
         "@triton.jit",
@@ -207,12 +207,12 @@ def row_kernel(k: RowKernel, knobs: dict[str, Any]) -> tuple[str, list[str]]:
             lines.append(f"    {r.acc} = {value}")
             accs[r.acc] = r.acc
     emit = TritonEmitter(_resolver(args, names, accs), "omask")
-    stores = [f"    tl.store({st.buffer} + ({emit(st.index)}), {emit(st.value)}, mask=omask)" for st in k.outer_stores]
+    stores = [f"    tl.store({st.buffer} + {emit.index(st.index)}, {emit(st.value)}, mask=omask)" for st in k.outer_stores]
     lines += emit.lines + stores
     if k.full_stores:
         lines += loop_head
         emit = TritonEmitter(_resolver(args, names, accs), "mask", "        ")
-        stores = [f"        tl.store({st.buffer} + ({emit(st.index)}), {emit(st.value)}, mask=mask)" for st in k.full_stores]
+        stores = [f"        tl.store({st.buffer} + {emit.index(st.index)}, {emit(st.value)}, mask=mask)" for st in k.full_stores]
         lines += emit.lines + stores
     src = ["@triton.jit", f"def {k.name}({args.params()}, BLOCK_O: tl.constexpr, BLOCK_R: tl.constexpr):", *lines]
     bo, br = int(knobs["BLOCK_O"]), int(knobs["BLOCK_R"])
@@ -232,7 +232,7 @@ def scan_kernel(k: ScanKernel, knobs: dict[str, Any]) -> tuple[str, list[str]]:
     names["s"] = "sb"
     emit = TritonEmitter(_resolver(args, names, {"scan": "c"}), "mask", "        ")
     v = emit(k.body)
-    idx = emit(k.store.index)
+    idx = emit.index(k.store.index)
     ident = "1.0" if k.op == "prod" else "0.0"
     step = ([f"        c = tl.cumprod(v, 0) * carry", "        carry = carry * tl.reduce(v, 0, _mul_combine)"]
             if k.op == "prod" else
@@ -244,7 +244,7 @@ def scan_kernel(k: ScanKernel, knobs: dict[str, Any]) -> tuple[str, list[str]]:
            "        sb = s_start + tl.arange(0, BLOCK_S)",
            f"        mask = sb < {n_len}", *emit.lines,
            f"        v = tl.where(mask, {v}, {ident})", *step,
-           f"        tl.store({k.store.buffer} + ({idx}), c, mask=mask)"]
+           f"        tl.store({k.store.buffer} + {idx}, c, mask=mask)"]
     block = int(knobs.get("BLOCK_S", 1024))
     launch = [f"{k.name}[({py_expr(_numel(k.outer))},)]({args.launch_args()}, BLOCK_S={block}, num_warps={int(knobs.get('num_warps', 4))})"]
     return "\n".join(src), launch

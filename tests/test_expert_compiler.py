@@ -1,0 +1,172 @@
+"""The expert's fusion compiler: capture -> IR -> planner, one test per op family.
+
+Problems are written inline in KernelBench's style (``super(Model, self).__init__()``, sizes
+through ``get_init_inputs``, models left in training mode) at tiny sizes; the last tests run
+the Triton backend under the interpreter at two different sizes of one source.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from kforge.agents.expert.capture import NondeterministicReference
+from kforge.agents.expert.graph import UnsupportedError
+from kforge.agents.expert.kernels import GemmKernel, PointwiseKernel, RowKernel, ScanKernel
+from kforge.agents.expert.planner import plan_problem
+
+HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n"
+
+
+def problem(init: str, forward: str, inputs: str, init_args: str = "[]", consts: str = "") -> str:
+    return HEAD + consts + textwrap.dedent(f"""
+class Model(nn.Module):
+    def __init__(self, *args):
+        super(Model, self).__init__()
+{textwrap.indent(textwrap.dedent(init), '        ') if init.strip() else '        pass'}
+
+    def forward(self, x):
+{textwrap.indent(textwrap.dedent(forward), '        ')}
+
+
+def get_inputs():
+    return {inputs}
+
+
+def get_init_inputs():
+    return {init_args}
+""")
+
+
+LINEAR = "self.linear = nn.Linear(args[0], args[1])"
+
+
+def kinds(source: str) -> list[str]:
+    return [k.kind for k in plan_problem(source).kernels]
+
+
+def test_gemm_epilogue_is_one_kernel_and_shape_generic():
+    src = problem(LINEAR, "x = self.linear(x)\nreturn torch.sigmoid(x) * x * 2.0",
+                  "[torch.randn(64, 96)]", "[96, 80]")
+    prog = plan_problem(src)
+    assert [k.kind for k in prog.kernels] == ["gemm"]
+    gemm = prog.kernels[0]
+    assert isinstance(gemm, GemmKernel)
+    # sizes stay symbolic: nothing of the traced 64 x 96 x 80 is baked into the kernel
+    assert not any(getattr(s, "is_number", False) for s in (gemm.m, gemm.n, gemm.k))
+    assert gemm.b.strides[1].op == "const" and gemm.b.strides[1].v == 1  # W^T read in place
+
+
+def test_gemm_softmax_fuses_the_row_work_into_one_kernel():
+    src = problem(LINEAR, "return torch.softmax(self.linear(x), dim=1)", "[torch.randn(8, 32)]", "[32, 48]")
+    prog = plan_problem(src)
+    assert [k.kind for k in prog.kernels] == ["gemm", "row"]
+    row = prog.kernels[1]
+    assert isinstance(row, RowKernel) and row.passes == 2 and row.full_stores
+
+
+def test_groupnorm_and_batchnorm_training():
+    gn = problem(LINEAR + "\nself.gn = nn.GroupNorm(args[2], args[1])", "return torch.relu(self.gn(self.linear(x)))",
+                 "[torch.randn(8, 32)]", "[32, 64, 4]")
+    prog = plan_problem(gn)
+    assert [k.kind for k in prog.kernels] == ["gemm", "row"]
+    bn = problem(LINEAR + "\nself.bn = nn.BatchNorm1d(args[1])", "return self.bn(self.linear(x))",
+                 "[torch.randn(8, 32)]", "[32, 64]")
+    prog = plan_problem(bn)
+    row = next(k for k in prog.kernels if isinstance(k, RowKernel))
+    assert not row.red_inner  # batch statistics: a column reduction
+    written = {st.buffer for k in prog.kernels for st in getattr(k, "stores", []) + getattr(k, "outer_stores", [])}
+    params = {b.name for b in prog.buffers.values() if b.kind == "param" and b.source.endswith(("running_mean", "running_var"))}
+    assert params <= written  # running statistics are updated, as in the reference
+
+
+def test_reductions_over_any_dims_pools_and_scans():
+    red = problem("", "return x.sum(dim=0) * x.amax(dim=(0, 2))[:, None]",
+                  "[torch.randn(4, 6, 5)]")
+    assert "row" in kinds(red)
+    pool = problem("self.pool = nn.MaxPool1d(3, 2)", "return self.pool(x.unsqueeze(1)).squeeze(1)",
+                   "[torch.randn(8, 20)]")
+    assert kinds(pool) == ["row"]
+    scan = problem("", "return torch.cumsum(x.flip(1), dim=1).flip(1)", "[torch.randn(4, 10)]")
+    prog = plan_problem(scan)
+    assert any(isinstance(k, ScanKernel) for k in prog.kernels)
+    arg = problem("", "return torch.argmax(x, dim=1)", "[torch.randn(4, 10)]")
+    row = plan_problem(arg).kernels[0]
+    assert isinstance(row, RowKernel) and row.reductions[0].kind == "argmax"
+
+
+def test_prologue_two_gemms_bmm_and_transposes():
+    pro = problem(LINEAR, "return self.linear(torch.relu(x) * 0.5)", "[torch.randn(8, 16)]", "[16, 24]")
+    assert kinds(pro) == ["pointwise", "gemm"]
+    two = problem(LINEAR + "\nself.l2 = nn.Linear(args[1], args[0])", "return self.l2(torch.tanh(self.linear(x)))",
+                  "[torch.randn(8, 16)]", "[16, 24]")
+    assert kinds(two) == ["gemm", "gemm"]
+    bmm = problem("self.w = nn.Parameter(torch.randn(args[0], args[0]))", "return torch.bmm(x, x.transpose(1, 2)) @ self.w",
+                  "[torch.randn(3, 8, 8)]", "[8]")
+    assert kinds(bmm).count("gemm") == 2
+
+
+def test_nondeterministic_reference_and_unsupported_ops_are_named():
+    drop = problem("self.d = nn.Dropout(0.3)", "return self.d(x)", "[torch.randn(4, 4)]")
+    with pytest.raises(NondeterministicReference, match="^nondeterministic_reference"):
+        plan_problem(drop)
+    conv = problem("self.c = nn.Conv2d(3, 4, 3)", "return self.c(x)", "[torch.randn(1, 3, 8, 8)]")
+    with pytest.raises(UnsupportedError, match="conv"):
+        plan_problem(conv)
+
+
+RUNNER = """
+import importlib.util, sys, torch
+cand, prob = sys.argv[1], sys.argv[2]
+init, sizes = eval(sys.argv[3]), eval(sys.argv[4])
+spec = importlib.util.spec_from_file_location("cand", cand)
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+ns = {}
+exec(compile(open(prob).read(), "<p>", "exec"), ns)
+for shape in sizes:  # one candidate, several sizes: nothing size-specific was generated
+    torch.manual_seed(0)
+    ref = ns["Model"](*init)
+    new = mod.ModelNew(*init)
+    new.load_state_dict(ref.state_dict())
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        torch.testing.assert_close(new(x), ref(x), atol=1e-4, rtol=1e-4)
+print("ok")
+"""
+
+
+def _run_triton(source: str, tmp_path: Path, sizes: list[tuple[int, ...]], init: list, policy: str = "strict") -> None:
+    """The Triton candidate under the CPU interpreter (its own process: the interpreter is
+    chosen when Triton is imported), against the reference at each size."""
+    from kforge.agents.expert.triton_render import default_knobs, render_triton
+
+    prog = plan_problem(source)
+    cand, prob, runner = tmp_path / "cand.py", tmp_path / "prob.py", tmp_path / "run.py"
+    cand.write_text(render_triton(prog, default_knobs(prog, policy), policy, source))
+    prob.write_text(source)
+    runner.write_text(RUNNER)
+    proc = subprocess.run([sys.executable, str(runner), str(cand), str(prob), repr(init), repr(sizes)],
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("case", ["gemm_groupnorm", "softmax_dim0", "batchnorm"])
+def test_triton_candidates_match_at_two_sizes(case: str, tmp_path: Path):
+    if case == "gemm_groupnorm":
+        src = problem(LINEAR + "\nself.gn = nn.GroupNorm(4, args[1])", "return F.gelu(self.gn(self.linear(x)))",
+                      "[torch.randn(8, 32)]", "[32, 64]")
+        _run_triton(src, tmp_path, [(8, 32), (13, 32)], [32, 64])
+    elif case == "softmax_dim0":
+        src = problem("", "return torch.softmax(x * 2.0, dim=0) + x.mean(dim=1, keepdim=True)", "[torch.randn(8, 32)]")
+        _run_triton(src, tmp_path, [(8, 32), (19, 7)], [])
+    else:
+        src = problem("self.bn = nn.BatchNorm1d(args[0])", "return torch.tanh(self.bn(x))", "[torch.randn(8, 16)]", "[16]")
+        _run_triton(src, tmp_path, [(8, 16), (30, 16)], [16])
+        assert isinstance(plan_problem(src).kernels[-1], RowKernel | PointwiseKernel)
