@@ -133,7 +133,25 @@ def gemm_body(k: GemmKernel, program: Program, em: Emitter, knobs: dict[str, int
   const int64_t sa0 = {a_s[0]}, sa1 = {a_s[1]}, sa2 = {a_s[2]}, sb0 = {b_s[0]}, sb1 = {b_s[1]}, sb2 = {b_s[2]};
   const int64_t MR = {knobs['mr']}, NR = {knobs['nr']}, KC = {knobs['kc']}, MC = {knobs['mc']}, NCMAX = {knobs['nc']};
   if (M <= 0 || N <= 0 || NBAT <= 0) return;
-{ws}  // work units: (batch, row block, column block), each done whole by one thread (no barrier)
+{ws}  if (N < 4 && sa2 == 1) {{  // GEMV-like: one dot product per output, memory-bound
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if(NBAT * M * K > 262144)
+    for (int64_t u = 0; u < NBAT * M; ++u) {{
+      const int64_t e0 = u / M, i = u % M;
+      const float* A = {pa} + {a_s[3]} + e0 * sa0 + i * sa1;
+      const float* B = {pb} + {b_s[3]} + e0 * sb0;
+      float* C = {c_base};
+      for (int64_t j = 0; j < N; ++j) {{
+        float s = 0.0f;
+        #pragma omp simd reduction(+:s)
+        for (int64_t kk = 0; kk < K; ++kk) s += A[kk] * B[kk * sb1 + j * sb2];
+        C[i * N + j] = s;
+      }}
+      const int64_t i0 = i, i1 = i + 1, j0 = 0, j1 = N;
+{textwrap.indent(epi, " " * 6) if epi else ""}
+    }}
+    return;
+  }}
+  // work units: (batch, row block, column block), each done whole by one thread (no barrier)
   const int64_t T = nthreads > 0 ? nthreads : 1;
   const int64_t per_batch = std::max((int64_t)1, (2 * T + NBAT - 1) / NBAT);
   int64_t NU = std::min(N, NCMAX);
