@@ -47,10 +47,17 @@ def stage_of(problem: Path, target: str, policy: str, verify: bool) -> tuple[str
         return "planned", str(err), time.monotonic() - start
     if not verify:
         return "generated", program.summary(), time.monotonic() - start
+    from kforge.verifier.preflight import build_candidate, resolve_platform
+    from kforge.verifier.runner import build_folder
     from kforge.verifier.verify import verify_candidate
 
+    folder = build_folder(target, None).resolve()
+    try:  # the platform's build first, as the pipeline's compile stage does
+        build_candidate(resolve_platform(target), candidate, folder)
+    except Exception as err:  # noqa: BLE001 - a build failure is this file's row
+        return "generated", f"build: {str(err)[:160]}", time.monotonic() - start
     verdict = verify_candidate(candidate, problem, platform=target, policy=policy, preset="ci",
-                               trials=2, timeout_s=600)
+                               trials=2, timeout_s=600, build_dir=folder)
     if verdict.ok:
         return "verified", program.summary(), time.monotonic() - start
     return "generated", f"{verdict.reason}: {verdict.detail[:160]}", time.monotonic() - start
@@ -61,9 +68,9 @@ def generate(program: object, source: str, target: str, policy: str) -> str:
         from kforge.agents.expert.triton_render import default_knobs, render_triton
 
         return render_triton(program, default_knobs(program, policy), policy, source)  # type: ignore[arg-type]
-    from kforge.agents.expert.cpu_render import default_cpu_knobs, render_cpu
+    from kforge.agents.expert.cpu_render import DEFAULT_KNOBS, render_cpu
 
-    return render_cpu(program, default_cpu_knobs(program), source)  # type: ignore[arg-type]
+    return render_cpu(program, dict(DEFAULT_KNOBS), source)  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -146,11 +146,11 @@ class ExpertAgent:
                     knobs, notes = defaults, [*notes, f"rejected ({err}): back to the defaults"]
                 source = render_triton(program, knobs, request.policy, request.problem_source)
             else:
-                from kforge.agents.expert.cpu_render import default_cpu_knobs, render_cpu
+                from kforge.agents.expert.cpu_render import DEFAULT_KNOBS, render_cpu
 
-                defaults = default_cpu_knobs(program)
-                knobs, notes = round_knobs(program, defaults, request)
-                source = render_cpu(program, knobs, request.problem_source)
+                cpu_defaults = {"program": dict(DEFAULT_KNOBS)}  # one set of knobs for every kernel
+                knobs, notes = round_knobs(program, cpu_defaults, request)
+                source = render_cpu(program, knobs["program"], request.problem_source)
         except UnsupportedError as err:
             reason = str(err)
             return GenerationResult(source=None, extraction=reason, plan={},
