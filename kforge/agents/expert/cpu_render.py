@@ -292,17 +292,36 @@ class KernelRender:
         params = [f"{CTYPES[self.p.buffers[b].dtype]}* __restrict {ptr}" for b, ptr in self.em.buffers.items()]
         sig = "p" * len(params)
         args = [f"{b}.data_ptr()" for b in self.em.buffers]
+        pre: list[str] = []
         for expr, name in self.em.sizes.items():
             is_int = sympy.sympify(expr).is_integer is True
             params.append(f"{'int64_t' if is_int else 'double'} {name}")
             sig += "i" if is_int else "d"
-            args.append(py_expr(expr))
+            args.append(size_source(expr, pre, self.fn))
         params.append("int64_t nthreads")
         sig += "i"
         args.append("_nt")
         code = f'extern "C" void {self.fn}({", ".join(params)})\n{body}\n'
-        launch = [f"cpu_runtime.launch(_K[{self.fn!r}], {self.fn!r}, {', '.join(args)})"]
+        launch = [*pre, f"cpu_runtime.launch(_K[{self.fn!r}], {self.fn!r}, {', '.join(args)})"]
         return code, sig, launch
+
+
+def size_source(expr: Any, pre: list[str], prefix: str) -> str:
+    """Python for a size expression; powers ``py_expr`` does not print (``FloatPow``: an
+    attention scale ``1 / sqrt(d)``) become assignments in ``pre``, innermost first."""
+    from torch.utils._sympy import functions as F
+
+    e = sympy.sympify(expr)
+    kinds = (F.FloatPow, F.PowByNatural)
+    while True:
+        inner = [x for x in e.atoms(*kinds) if not any(a.atoms(*kinds) for a in x.args)]
+        if not inner:
+            break
+        x = inner[0]
+        name = f"_{prefix}_pow{len(pre)}"
+        pre.append(f"{name} = {py_expr(x.args[0])} ** {py_expr(x.args[1])}")
+        e = e.xreplace({x: sympy.Symbol(name)})
+    return py_expr(e)
 
 
 def shape_guard(program: Program) -> list[str]:
