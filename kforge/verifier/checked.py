@@ -1,10 +1,10 @@
 """Checked timing (worker side): the timed calls' outputs are compared with the reference.
 
     before the candidate is imported:
-        the reference model, two content variants of the inputs, and the reference's output
-        for each (computed twice: a nondeterministic reference leaves the check off, noted)
+        the reference model, the inputs x and x * f (``InputPlan.scaled``), and the reference's
+        output for each (computed twice: a nondeterministic reference leaves the check off)
     timing (timing.time_alternating with an InputPlan):
-        two buffer sets, refilled in place before every call (pointer, shape and version stay,
+        two buffer sets, rescaled in place before every call (pointer, shape and version stay,
         contents change); the candidate's outputs at the first, middle and last call of every
         (buffer set, contents) compared with the reference for those contents at once, on the
         device, outside the timed window
@@ -28,7 +28,6 @@ from kforge.verifier.inputs import Case, make_inputs, tensors_in
 from kforge.verifier.timing import InputPlan
 
 SLOTS = 2
-CONTENTS = 2
 DEFAULT_TOL = 1e-2  # the verify stage judged the policy's tolerance; this catches wrong answers
 
 
@@ -58,9 +57,9 @@ class CheckedTiming:
     def prepare(cls, problem: Any, ref: Any, seed: int, device: str, reps: int,
                 tol: float | None = None) -> CheckedTiming:
         """Inputs and the reference's answers, made before any candidate code runs."""
-        contents = [make_inputs(problem, Case(i, seed + 7919 * i, "native", None), device, draw_on_device=True)
-                    for i in range(CONTENTS)]
-        plan = InputPlan(contents, slots=SLOTS)
+        plan = InputPlan.scaled(make_inputs(problem, Case(0, seed, "native", None), device, draw_on_device=True),
+                                slots=SLOTS)
+        contents = plan.contents
         with torch.no_grad():
             expected = [[t.detach().clone() for t in tensors_in(ref(*c))] for c in contents]
             again = [t for t in tensors_in(ref(*contents[0]))]

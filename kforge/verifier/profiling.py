@@ -103,7 +103,7 @@ def profile_candidate(
            "reps": reps, "threads": threads, "tol": TOLERANCES[policy] if policy else None}
     clocks_before = read_clocks() if device == "cuda" else {"clock_telemetry": "unavailable",
                                                              "why": "no GPU clocks on a CPU platform"}
-    timer = CallTimer()  # on the GPU the parent bounds the event times (untested on a GPU)
+    timer = CallTimer(threads=threads if device == "cpu" else 0)  # on the GPU the parent bounds the event times (untested on a GPU)
     out = run_job(job, scratch_root=None, env_extra=plat.worker_env(build),
                   limits=Limits(timeout_s=timeout_s, memory_mb=None), gpu=device == "cuda",
                   candidate_source=source, ro_paths=[build, problem_path.parent], companion=timer)
