@@ -47,6 +47,8 @@ def py_expr(expr: Any) -> str:
     if isinstance(e, sympy.Pow) and e.args[1].is_Integer:
         n = int(e.args[1])
         return f"({args[0]} ** {n})" if n >= 0 else f"(1.0 / ({args[0]} ** {-n}))"
+    if isinstance(e, F.FloatPow | F.PowByNatural) or isinstance(e, sympy.Pow):
+        return f"({args[0]} ** {args[1]})"
     if isinstance(e, F.FloorDiv):
         return f"({args[0]} // {args[1]})"
     if isinstance(e, F.CeilDiv):
@@ -108,8 +110,8 @@ def forward_source(program: Program, arg_names: list[str], launch: Callable[[Ker
         else:
             lines.append(f"{name} = {bind(f'_state(self, {buf.source!r})')}")
         ph_exprs.append(name)
-    for sym, (index, dim) in sorted(program.sources.items(), key=lambda kv: str(kv[0])):
-        lines.append(f"{sym} = {ph_exprs[index]}.shape[{dim}]")
+    for sym, (index, dim, scale) in sorted(program.sources.items(), key=lambda kv: str(kv[0])):
+        lines.append(f"{sym} = {ph_exprs[index]}.shape[{dim}]" + (f" // {scale}" if scale != 1 else ""))
     for buf in program.buffers.values():
         if buf.kind == "temp":
             shape = ", ".join(py_expr(s) for s in buf.shape)

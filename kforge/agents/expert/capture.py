@@ -57,8 +57,8 @@ class Captured:
     placeholders: list[Placeholder]
     hints: dict[sympy.Symbol, int]  # each size symbol's value at the traced sizes
     env: Any  # the ShapeEnv: ``size_expr`` applies its replacements (guards like s1 == s2)
-    # symbol -> (placeholder index, dim) where it appears bare: how ModelNew reads it back
-    sources: dict[sympy.Symbol, tuple[int, int]] = field(default_factory=dict)
+    # symbol -> (placeholder index, dim, c) where a dim is c * symbol: how ModelNew reads it back
+    sources: dict[sympy.Symbol, tuple[int, int, int]] = field(default_factory=dict)
     unsourced: dict[sympy.Symbol, int] = field(default_factory=dict)
 
     def size_expr(self, size: Any) -> sympy.Expr:
@@ -264,10 +264,16 @@ def _capture(ns: dict[str, Any], init_inputs: list[Any], raw_inputs: list[Any], 
     hints = {sym: int(val) for sym, val in env.backed_var_to_val.items()}
     captured = Captured(gm=gm, placeholders=placeholders, hints=hints, env=env)
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    scaled: dict[sympy.Symbol, tuple[int, int, int]] = {}
     for index, node in enumerate(phs):
         for dim, size in enumerate(node.meta["val"].shape):
             expr = captured.size_expr(size)
             if isinstance(expr, sympy.Symbol) and expr not in captured.sources:
-                captured.sources[expr] = (index, dim)
+                captured.sources[expr] = (index, dim, 1)
+            elif isinstance(expr, sympy.Mul) and len(expr.args) == 2 and expr.args[0].is_Integer \
+                    and isinstance(expr.args[1], sympy.Symbol):  # a dim of c * s (GLU's 2 * out)
+                scaled.setdefault(expr.args[1], (index, dim, int(expr.args[0])))
+    for sym, src in scaled.items():
+        captured.sources.setdefault(sym, src)
     captured.unsourced = {s: v for s, v in hints.items() if s not in captured.sources}
     return captured

@@ -119,7 +119,7 @@ class Program:
     inputs: list[str]  # forward() argument names, in order
     outputs: list[str]  # buffer names returned, in order
     returns_tuple: bool
-    sources: dict[Any, tuple[int, int]]  # size symbol -> (placeholder index, dim)
+    sources: dict[Any, tuple[int, int, int]]  # size symbol -> (placeholder index, dim, c): dim = c * symbol
     placeholders: list[str]  # buffer name of each placeholder, in capture order
     hints: dict[Any, int]
     notes: list[str] = field(default_factory=list)
