@@ -94,12 +94,24 @@ STATE_HELPER = '''def _state(module, name):
 '''
 
 
+def shape_guard(program: Program) -> list[str]:
+    """Python lines that refuse tensors whose shape is not the program's (a size the capture
+    specialised): a clear error instead of kernels reading past the end of a buffer."""
+    lines = []
+    for name in program.placeholders:
+        buf = program.buffers[name]
+        want = "(" + "".join(f"{py_expr(s)}, " for s in buf.shape) + ")"
+        lines.append(f"if tuple({name}.shape) != {want}:")
+        lines.append(f"    raise ValueError(f'{name}: shape {{tuple({name}.shape)}}, kernels built for {{{want}}}')")
+    return lines
+
+
 def forward_source(program: Program, arg_names: list[str], launch: Callable[[Kernel], list[str]],
                    bind: Callable[[str], str] = lambda e: e) -> str:
     """The body of ``ModelNew.forward`` (8-space indented lines)."""
     lines: list[str] = []
     ph_exprs: list[str] = []
-    for i, name in enumerate(program.placeholders):
+    for name in program.placeholders:
         buf = program.buffers[name]
         if buf.kind == "input":
             arg = arg_names[program.inputs.index(buf.source)]

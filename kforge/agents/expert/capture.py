@@ -131,10 +131,10 @@ def _build_symbolic(model_cls: type, init_inputs: list[Any], env: Any, mode: Any
     """``Model`` built under the fake mode with every integer init input a size symbol, so
     sizes that come from the constructor (``nn.LayerNorm(dim)``, ``num_groups``) stay
     symbolic; ``None`` when the constructor cannot take symbolic ints."""
+    import numbers
+
     from torch._dynamo.source import ConstantSource
     from torch.fx.experimental.symbolic_shapes import DimDynamic
-
-    import numbers
 
     # nn.LayerNorm and friends test ``isinstance(n, numbers.Integral)``: a SymInt is one
     # (registered once, in the agent's process only).
@@ -196,13 +196,13 @@ class _Untracked(Exception):
 
 def _capture(ns: dict[str, Any], init_inputs: list[Any], raw_inputs: list[Any], concrete: set[int]) -> Captured:
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.func import functional_call
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import (
         DimDynamic,
         ShapeEnv,
         StatelessSymbolicContext,
     )
-    from torch.func import functional_call
 
     env = ShapeEnv(duck_shape=False)
     mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)

@@ -24,7 +24,7 @@ from typing import Any
 
 import sympy
 
-from kforge.agents.expert.candidate import STATE_HELPER, model_new_source, py_expr
+from kforge.agents.expert.candidate import STATE_HELPER, model_new_source, py_expr, shape_guard
 from kforge.agents.expert.cpu_expr import CTYPES, PRELUDE, Block, Emitter, Scope
 from kforge.agents.expert.cpu_render_gemm import gemm_body, gemm_prelude
 from kforge.agents.expert.graph import UnsupportedError
@@ -322,18 +322,6 @@ def size_source(expr: Any, pre: list[str], prefix: str) -> str:
         pre.append(f"{name} = {py_expr(x.args[0])} ** {py_expr(x.args[1])}")
         e = e.xreplace({x: sympy.Symbol(name)})
     return py_expr(e)
-
-
-def shape_guard(program: Program) -> list[str]:
-    """Python lines that refuse tensors whose shape is not the program's (a size the capture
-    specialised): a clear error instead of kernels reading past the end of a buffer."""
-    lines = []
-    for name in program.placeholders:
-        buf = program.buffers[name]
-        want = "(" + "".join(f"{py_expr(s)}, " for s in buf.shape) + ")"
-        lines.append(f"if tuple({name}.shape) != {want}:")
-        lines.append(f"    raise ValueError(f'{name}: shape {{tuple({name}.shape)}}, kernels built for {{{want}}}')")
-    return lines
 
 
 def _terms(e: E) -> list[E]:

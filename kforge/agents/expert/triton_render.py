@@ -21,7 +21,7 @@ from typing import Any
 
 import sympy
 
-from kforge.agents.expert.candidate import STATE_HELPER, model_new_source, py_expr
+from kforge.agents.expert.candidate import STATE_HELPER, model_new_source, py_expr, shape_guard
 from kforge.agents.expert.kernels import (
     GemmKernel,
     Kernel,
@@ -234,7 +234,7 @@ def scan_kernel(k: ScanKernel, knobs: dict[str, Any]) -> tuple[str, list[str]]:
     v = emit(k.body)
     idx = emit.index(k.store.index)
     ident = "1.0" if k.op == "prod" else "0.0"
-    step = ([f"        c = tl.cumprod(v, 0) * carry", "        carry = carry * tl.reduce(v, 0, _mul_combine)"]
+    step = (["        c = tl.cumprod(v, 0) * carry", "        carry = carry * tl.reduce(v, 0, _mul_combine)"]
             if k.op == "prod" else
             ["        c = tl.cumsum(v, 0) + carry", "        carry = carry + tl.sum(v, 0)"])
     src = ["@triton.jit", f"def {k.name}({args.params()}, BLOCK_S: tl.constexpr):",
@@ -313,8 +313,10 @@ def render_triton(program: Program, knobs: dict[str, dict[str, Any]], policy: st
         sources.append(src)
         launches[k.name] = launch
 
-    def launch(kernel: Kernel) -> list[str]:
-        return launches[kernel.name]
+    first = program.kernels[0].name if program.kernels else ""
+
+    def launch(kernel: Kernel) -> list[str]:  # a size the capture fixed: a clear error, not a fault
+        return (shape_guard(program) if kernel.name == first else []) + launches[kernel.name]
 
     device_line = "_device = next(a.device for a in (" + "".join(f"x{i}, " for i in range(len(program.inputs))) + \
         ") if isinstance(a, torch.Tensor))"
