@@ -6,12 +6,12 @@ from kforge.agents.expert import ExpertAgent
 from kforge.config import AgentConfig
 from kforge.platforms.base import load_example
 from kforge.schema import (
+    Action,
     AnalysisRequest,
     Feedback,
     GenerationRequest,
     KernelStat,
     Profile,
-    Action,
     Recommendation,
     Timing,
 )

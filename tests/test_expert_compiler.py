@@ -14,7 +14,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 
 from kforge.agents.expert.capture import NondeterministicReference
 from kforge.agents.expert.graph import UnsupportedError
