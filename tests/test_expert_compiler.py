@@ -169,3 +169,25 @@ def test_triton_candidates_match_at_two_sizes(case: str, tmp_path: Path):
         src = problem("self.bn = nn.BatchNorm1d(args[0])", "return torch.tanh(self.bn(x))", "[torch.randn(8, 16)]", "[16]")
         _run_triton(src, tmp_path, [(8, 16), (30, 16)], [16])
         assert isinstance(plan_problem(src).kernels[-1], RowKernel | PointwiseKernel)
+
+
+def test_init_inputs_baked_into_kernels_are_refused_when_different(tmp_path: Path):
+    """GroupNorm's group count reaches the forward as a plain number: the candidate is built
+    for it and says so, instead of computing wrong groups for another count."""
+    from kforge.agents.expert.triton_render import default_knobs, render_triton
+
+    src = problem("self.gn = nn.GroupNorm(args[0], args[1])", "return self.gn(x)",
+                  "[torch.randn(4, 32, 3)]", "[8, 32]")
+    prog = plan_problem(src)
+    assert prog.fixed_init == {0: 8}
+    path = tmp_path / "cand_gn.py"
+    path.write_text(render_triton(prog, default_knobs(prog, "strict"), "strict", src))
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cand_gn", path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.ModelNew(8, 32)  # the traced value: fine
+    with pytest.raises(ValueError, match="compiled for init input 0 = 8, got 4"):
+        mod.ModelNew(4, 32)

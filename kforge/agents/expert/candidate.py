@@ -141,6 +141,14 @@ def model_new_source(program: Program, problem_source: str, launch: Callable[[Ke
                      device_line: str, bind: Callable[[str], str] = lambda e: e) -> tuple[list[str], str]:
     """(the problem's imports, the ``ModelNew`` class source)."""
     imports, init = reference_init(problem_source)
+    if program.fixed_init:  # kernels built for these init values: refuse others clearly
+        init = init.replace("def __init__(", "def _kf_reference_init(", 1)
+        init = (f"def __init__(self, *args, **kwargs):\n"
+                f"    self._kf_reference_init(*args, **kwargs)\n"
+                f"    for i, want in {dict(program.fixed_init)!r}.items():\n"
+                f"        if i < len(args) and args[i] != want:\n"
+                f"            raise ValueError(f'this candidate was compiled for init input {{i}} = {{want}}, got {{args[i]}}')\n\n"
+                + init)
     arg_names = [f"x{i}" for i in range(len(program.inputs))]
     head = f"    def forward(self, {', '.join(arg_names)}):\n        {device_line}\n"
     body = forward_source(program, arg_names, launch, bind)

@@ -60,6 +60,9 @@ class Captured:
     # symbol -> (placeholder index, dim, c) where a dim is c * symbol: how ModelNew reads it back
     sources: dict[sympy.Symbol, tuple[int, int, int]] = field(default_factory=dict)
     unsourced: dict[sympy.Symbol, int] = field(default_factory=dict)
+    # init inputs the trace had to take as plain numbers (index -> value): the kernels are only
+    # right for these values, so ModelNew refuses others with a clear error
+    fixed_init: dict[int, int] = field(default_factory=dict)
 
     def size_expr(self, size: Any) -> sympy.Expr:
         """A traced size (int, SymInt, SymFloat) as a sympy expression over canonical symbols
@@ -276,4 +279,6 @@ def _capture(ns: dict[str, Any], init_inputs: list[Any], raw_inputs: list[Any], 
     for sym, src in scaled.items():
         captured.sources.setdefault(sym, src)
     captured.unsourced = {s: v for s, v in hints.items() if s not in captured.sources}
+    captured.fixed_init = {i: v for i, v in enumerate(init_inputs) if i in concrete
+                           and isinstance(v, int) and not isinstance(v, bool) and v >= 2}
     return captured

@@ -123,6 +123,7 @@ class Program:
     placeholders: list[str]  # buffer name of each placeholder, in capture order
     hints: dict[Any, int]
     notes: list[str] = field(default_factory=list)
+    fixed_init: dict[int, int] = field(default_factory=dict)  # init inputs baked into the kernels
 
     def hint(self, expr: Any) -> int:
         return int(sympy.sympify(expr).subs(self.hints))

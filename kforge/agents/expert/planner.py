@@ -124,7 +124,8 @@ class Planner:
             outputs.append(self.buffers[out])
         names = [self.program_buffers[self.buffers[n]].source for n in self.g.placeholders() if n.op == "input"]
         return Program(self.program_buffers, self.kernels, names, outputs, self.g.returns_tuple,
-                       dict(self.g.captured.sources), placeholders, dict(self.g.captured.hints))
+                       dict(self.g.captured.sources), placeholders, dict(self.g.captured.hints),
+                       fixed_init=dict(self.g.captured.fixed_init))
 
     # ------------------------------------------------------------------ pointwise
     def pointwise(self, nodes: list[Node], force_copy: bool = False) -> None:
