@@ -36,10 +36,13 @@ def _tanh(x: str) -> str:
 class TritonEmitter:
     """Emits ``tN = ...`` lines; ``names`` maps vars / sizes / accs to code names."""
 
-    def __init__(self, resolve: Callable[[E], str | None], mask: str, indent: str = "    ") -> None:
+    def __init__(self, resolve: Callable[[E], str | None], mask: str, indent: str = "    ",
+                 prefix: str = "t") -> None:
         self.resolve = resolve
         self.mask = mask
         self.indent = indent
+        # names unique per section: Triton rejects a name that a loop gives another shape
+        self.prefix = prefix
         self.lines: list[str] = []
         self.cache: dict[E, str] = {}
 
@@ -57,7 +60,7 @@ class TritonEmitter:
             v = e.args[0].v
             return literal(bool(v) if e.dt == "bool" else (float(v) if e.dt == "f32" else int(v)), e.dt)
         code = self.render(e)
-        name = f"t{len(self.cache)}"
+        name = f"{self.prefix}{len(self.cache)}"
         self.lines.append(f"{self.indent}{name} = {code}")
         self.cache[e] = name
         return name

@@ -192,7 +192,7 @@ def row_kernel(k: RowKernel, knobs: dict[str, Any]) -> tuple[str, list[str]]:
             if r.kind in ("argmax", "argmin"):
                 lines.append(f"    {r.acc}_t_i = tl.zeros([BLOCK_O, BLOCK_R], tl.int64)")
         lines += loop_head
-        emit = TritonEmitter(_resolver(args, names, accs), "mask", "        ")
+        emit = TritonEmitter(_resolver(args, names, accs), "mask", "        ", prefix=f"p{p}_")
         body: list[str] = []
         for r in group:
             v = emit(r.body)
@@ -206,12 +206,12 @@ def row_kernel(k: RowKernel, knobs: dict[str, Any]) -> tuple[str, list[str]]:
                 value = f"({value} != 0)"
             lines.append(f"    {r.acc} = {value}")
             accs[r.acc] = r.acc
-    emit = TritonEmitter(_resolver(args, names, accs), "omask")
+    emit = TritonEmitter(_resolver(args, names, accs), "omask", prefix="o_")
     stores = [f"    tl.store({st.buffer} + {emit.index(st.index)}, {emit(st.value)}, mask=omask)" for st in k.outer_stores]
     lines += emit.lines + stores
     if k.full_stores:
         lines += loop_head
-        emit = TritonEmitter(_resolver(args, names, accs), "mask", "        ")
+        emit = TritonEmitter(_resolver(args, names, accs), "mask", "        ", prefix="f_")
         stores = [f"        tl.store({st.buffer} + {emit.index(st.index)}, {emit(st.value)}, mask=mask)" for st in k.full_stores]
         lines += emit.lines + stores
     src = ["@triton.jit", f"def {k.name}({args.params()}, BLOCK_O: tl.constexpr, BLOCK_R: tl.constexpr):", *lines]
