@@ -113,7 +113,7 @@ def digest(values: list[Any]) -> str:
         if isinstance(value, torch.Tensor):
             t = value.detach().to("cpu").contiguous()
             h.update(f"{tuple(t.shape)}{t.dtype}".encode())
-            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
         else:
             h.update(repr(value).encode())
     return h.hexdigest()
