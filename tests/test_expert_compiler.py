@@ -189,5 +189,5 @@ def test_init_inputs_baked_into_kernels_are_refused_when_different(tmp_path: Pat
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     mod.ModelNew(8, 32)  # the traced value: fine
-    with pytest.raises(ValueError, match="compiled for init input 0 = 8, got 4"):
+    with pytest.raises(ValueError, match=r"compiled for args\[0\] = 8, got 4"):
         mod.ModelNew(4, 32)

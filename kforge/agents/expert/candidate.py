@@ -70,9 +70,10 @@ def py_expr(expr: Any) -> str:
     raise UnsupportedError(f"size expression {e} ({type(e).__name__})")
 
 
-def reference_init(problem_source: str) -> tuple[list[str], str]:
+def reference_init(problem_source: str, fixed_init: dict[int, int] | None = None) -> tuple[list[str], str]:
     """The problem's import lines and ``Model.__init__`` (``def`` included), with
-    ``super(Model, self)`` written ``super()`` so it initialises ``ModelNew``."""
+    ``super(Model, self)`` written ``super()`` so it initialises ``ModelNew``; with
+    ``fixed_init`` (init inputs baked into the kernels), it ends by refusing other values."""
     tree = ast.parse(problem_source)
     imports = [ast.get_source_segment(problem_source, n) or "" for n in tree.body
                if isinstance(n, ast.Import | ast.ImportFrom)]
@@ -83,6 +84,14 @@ def reference_init(problem_source: str) -> tuple[list[str], str]:
                     for call in ast.walk(item):
                         if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "super":
                             call.args = []
+                    params = [a.arg for a in item.args.args[1:]]
+                    star = item.args.vararg.arg if item.args.vararg else None
+                    for i, want in sorted((fixed_init or {}).items()):
+                        name = params[i] if i < len(params) else (f"{star}[{i - len(params)}]" if star else None)
+                        if name is not None:
+                            item.body.extend(ast.parse(
+                                f"if {name} != {want!r}:\n    raise ValueError("
+                                f"'this candidate was compiled for {name} = {want}, got ' + repr({name}))").body)
                     return imports, ast.unparse(item) + "\n"
     return imports, "def __init__(self, *args, **kwargs):\n    super().__init__()\n"
 
@@ -140,15 +149,7 @@ def forward_source(program: Program, arg_names: list[str], launch: Callable[[Ker
 def model_new_source(program: Program, problem_source: str, launch: Callable[[Kernel], list[str]],
                      device_line: str, bind: Callable[[str], str] = lambda e: e) -> tuple[list[str], str]:
     """(the problem's imports, the ``ModelNew`` class source)."""
-    imports, init = reference_init(problem_source)
-    if program.fixed_init:  # kernels built for these init values: refuse others clearly
-        init = init.replace("def __init__(", "def _kf_reference_init(", 1)
-        init = (f"def __init__(self, *args, **kwargs):\n"
-                f"    self._kf_reference_init(*args, **kwargs)\n"
-                f"    for i, want in {dict(program.fixed_init)!r}.items():\n"
-                f"        if i < len(args) and args[i] != want:\n"
-                f"            raise ValueError(f'this candidate was compiled for init input {{i}} = {{want}}, got {{args[i]}}')\n\n"
-                + init)
+    imports, init = reference_init(problem_source, program.fixed_init)
     arg_names = [f"x{i}" for i in range(len(program.inputs))]
     head = f"    def forward(self, {', '.join(arg_names)}):\n        {device_line}\n"
     body = forward_source(program, arg_names, launch, bind)
