@@ -1,7 +1,9 @@
 """The embedded ``expert`` agent: deterministic, rule-based generation and analysis.
 
-``graph`` (the IR) -> ``plans`` (knobs) -> ``cpu_codegen`` (candidate source); ``analysis``
-reads profiles and recommends actions that ``plans`` applies in the next round.
+A small fusion compiler (docs/EXPERT.md): ``capture`` -> ``ir`` -> ``planner`` (``lower``,
+``kernels``) -> ``compiler`` (knobs per round) -> ``triton_render`` / ``cpu_render``; the
+``cuda`` platform keeps the earlier pattern matcher (``graph``, ``fx_lower``, ``cuda_*``).
+``analysis`` reads profiles and recommends the actions the next round applies.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``recommend(request)`` reads ``request.plan`` (``{"platform", "graph", <platform>: knobs}``
 as written by :class:`~kforge.agents.expert.agent.ExpertAgent`) and the profile, and returns
-a :class:`~kforge.schema.Recommendation`. The ``cpu`` rules live in :mod:`cpu_analysis`; a
+a :class:`~kforge.schema.Recommendation`. The ``cpu`` rules live in :mod:`cpu_compiled_analysis`; a
 platform ``P`` plugs in as a module ``kforge.agents.expert.P_analysis`` exposing
 ``recommend(request) -> Recommendation`` or ``analyze_P(request, plan) -> Recommendation``.
 """
@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import importlib
 
-from kforge.agents.expert.cpu_analysis import evidence, recommend_cpu
-from kforge.agents.expert.graph import KernelGraph
-from kforge.agents.expert.plans import plan_from_dict
+from kforge.agents.expert.cpu_compiled_analysis import evidence, recommend_compiled_cpu
 from kforge.schema import AnalysisRequest, Recommendation
 
 
@@ -39,14 +37,7 @@ def recommend(request: AnalysisRequest) -> Recommendation:
         else:  # e.g. triton_analysis.analyze_triton(request, plan)
             result = getattr(module, f"analyze_{request.platform}")(request, request.plan)
         return result
-    graph_data = request.plan.get("graph")
-    if request.plan.get("compiler") == "fusion-v2":
-        from kforge.agents.expert.cpu_compiled_analysis import recommend_compiled_cpu
-
-        return recommend_compiled_cpu(request)
-    if not graph_data:
+    if request.plan.get("compiler") != "fusion-v2":
         return Recommendation(bottleneck="unknown", evidence=evidence(profile),
                               summary="the candidate carries no expert plan (not an expert candidate)")
-    graph = KernelGraph.model_validate(graph_data)
-    plan = plan_from_dict(request.plan.get("cpu", {}))
-    return recommend_cpu(graph, plan, profile)
+    return recommend_compiled_cpu(request)

@@ -199,7 +199,7 @@ def _model_new(ir: KernelGraph, launcher: str, problem_source: str | None) -> tu
     tensors = [t.name for t in ir.inputs]
     imports: list[str] = []
     if problem_source is not None:
-        from kforge.agents.expert.cpu_codegen import reference_init
+        from kforge.agents.expert.candidate import reference_init
 
         imports, init = reference_init(problem_source)
         init_lines = textwrap.indent(init.rstrip(), "    ").split("\n")
