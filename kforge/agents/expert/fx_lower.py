@@ -407,16 +407,10 @@ def lower_module(model: nn.Module, example_inputs: list[Any]) -> KernelGraph:
 
 
 def load_problem_namespace(source: str) -> dict[str, Any]:
-    """Execute a problem's source in a fresh namespace (trusted reference code)."""
-    namespace: dict[str, Any] = {"__name__": "kforge_expert_problem"}
-    try:
-        exec(compile(source, "<problem>", "exec"), namespace)
-    except Exception as err:
-        raise UnsupportedError(f"the problem source does not run: {type(err).__name__}: {err}") from None
-    for needed in ("Model", "get_inputs", "get_init_inputs"):
-        if needed not in namespace:
-            raise UnsupportedError(f"the problem defines no {needed}")
-    return namespace
+    """Execute a problem's source in a fresh namespace (:func:`.capture.load_namespace`)."""
+    from kforge.agents.expert.capture import load_namespace
+
+    return load_namespace(source)
 
 
 def lower_problem_source(source: str) -> KernelGraph:

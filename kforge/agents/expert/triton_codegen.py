@@ -35,22 +35,15 @@ from typing import Any
 from kforge.agents.expert.graph import KernelGraph, UnsupportedError
 from kforge.agents.expert.triton_gemm import gemm_source
 from kforge.agents.expert.triton_kernels import elementwise_source, row_reduction_source
+from kforge.agents.expert.triton_matmul import (  # one precision table for both generators
+    RELAXED_PRECISIONS,
+    SMEM_LIMIT,
+    STRICT_PRECISIONS,
+    PlanError,
+    allowed_precisions,
+)
 
-STRICT_PRECISIONS = ("tf32x3", "ieee")
-RELAXED_PRECISIONS = ("tf32", "bf16", "bf16x3", "tf32x3", "ieee")
-SMEM_LIMIT = 232448  # bytes of shared memory a Triton program may use on the H100/H200
-
-
-class PlanError(ValueError):
-    """The plan asks for something the pattern or the precision policy does not allow."""
-
-
-def allowed_precisions(policy: str) -> tuple[str, ...]:
-    if policy == "strict":
-        return STRICT_PRECISIONS
-    if policy == "relaxed":
-        return RELAXED_PRECISIONS
-    raise PlanError(f"unknown precision policy {policy!r}: 'strict' or 'relaxed'")
+__all__ = ["RELAXED_PRECISIONS", "SMEM_LIMIT", "STRICT_PRECISIONS", "PlanError", "allowed_precisions"]
 
 
 def _next_pow2(n: int) -> int:
