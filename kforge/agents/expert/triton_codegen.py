@@ -42,6 +42,7 @@ from kforge.agents.expert.triton_matmul import (  # one precision table for both
     PlanError,
     allowed_precisions,
 )
+from kforge.agents.expert.triton_matmul import fit_shared_memory as fit_gemm_smem
 
 __all__ = ["RELAXED_PRECISIONS", "SMEM_LIMIT", "STRICT_PRECISIONS", "PlanError", "allowed_precisions"]
 
@@ -106,16 +107,8 @@ def gemm_smem_bytes(knobs: dict[str, Any]) -> int:
 
 
 def fit_shared_memory(knobs: dict[str, Any], limit: int = SMEM_LIMIT) -> dict[str, Any]:
-    """Fewer stages (down to 2), then a shorter BLOCK_K, until the pipeline fits ``limit``."""
-    fitted = dict(knobs)
-    while gemm_smem_bytes(fitted) > limit:
-        if fitted["num_stages"] > 2:
-            fitted["num_stages"] -= 1
-        elif fitted["BLOCK_K"] > 16:
-            fitted["BLOCK_K"] //= 2
-        else:
-            raise PlanError(f"GEMM tiles {knobs} cannot fit {limit} bytes of shared memory")
-    return fitted
+    """The compiler's fitting loop with this generator's precast-aware byte count."""
+    return fit_gemm_smem(knobs, limit, gemm_smem_bytes)
 
 
 # --------------------------------------------------------------------------- ModelNew

@@ -18,6 +18,7 @@ arithmetic, checkable on a CPU.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import sympy
@@ -68,10 +69,12 @@ def gemm_smem_bytes(knobs: dict[str, Any]) -> int:
     return int(knobs["num_stages"]) * (knobs["BLOCK_M"] + knobs["BLOCK_N"]) * knobs["BLOCK_K"] * 4
 
 
-def fit_shared_memory(knobs: dict[str, Any], limit: int = SMEM_LIMIT) -> dict[str, Any]:
-    """Fewer stages (down to 2), then a shorter BLOCK_K, until the pipeline fits ``limit``."""
+def fit_shared_memory(knobs: dict[str, Any], limit: int = SMEM_LIMIT,
+                      smem_bytes: Callable[[dict[str, Any]], int] = gemm_smem_bytes) -> dict[str, Any]:
+    """Fewer stages (down to 2), then a shorter BLOCK_K, until the pipeline fits ``limit``
+    (``smem_bytes`` says what a tile configuration needs)."""
     fitted = dict(knobs)
-    while gemm_smem_bytes(fitted) > limit:
+    while smem_bytes(fitted) > limit:
         if fitted["num_stages"] > 2:
             fitted["num_stages"] -= 1
         elif fitted["BLOCK_K"] > 16:
