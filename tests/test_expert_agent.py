@@ -91,13 +91,39 @@ def test_precision_ladder_steps_up_after_a_mismatch() -> None:
     first = AGENT.generate(req)
     name = first.plan["dominant"]
     assert first.plan["knobs"][name]["precision"] == "bf16"  # the cheapest step the policy allows
+    assert first.plan["precision"] == "bf16" and first.plan["failed_precisions"] == []
     fb = [Feedback(stage="verify", reason="output_mismatch", detail="max abs err 3e-2")]
     up = AGENT.generate(req.model_copy(update=dict(round=1, previous_plan=first.plan, feedback=fb)))
-    assert up.plan["knobs"][name]["precision"] == "bf16x3" and "precision -> bf16x3" in up.plan["notes"][-1]
+    assert up.plan["knobs"][name]["precision"] == "bf16x2" and "precision -> bf16x2" in up.plan["notes"][-1]
+    assert up.plan["failed_precisions"] == ["bf16"]
     again = AGENT.generate(req.model_copy(update=dict(round=2, previous_plan=up.plan, feedback=fb)))
-    assert again.plan["knobs"][name]["precision"] == "tf32x3"
+    assert again.plan["knobs"][name]["precision"] == "bf16x3"
+    assert again.plan["failed_precisions"] == ["bf16", "bf16x2"]
+    # a wide margin after passing tries one step down, but never a step that already failed
+    ok = req.model_copy(update=dict(round=3, previous_plan=again.plan, feedback=[], verified_margin=0.001))
+    assert AGENT.generate(ok).plan["knobs"][name]["precision"] == "bf16x3"
     strict = AGENT.generate(request("gemm_gelu_scale", platform="triton"))
-    assert strict.plan["knobs"][name]["precision"] == "tf32x3"  # strict never starts below tf32x3
+    assert strict.plan["knobs"][name]["precision"] == "bf16x3"  # strict never starts below bf16x3
+    s_up = AGENT.generate(request("gemm_gelu_scale", platform="triton").model_copy(
+        update=dict(round=1, previous_plan=strict.plan, feedback=fb)))
+    assert s_up.plan["knobs"][name]["precision"] == "tf32x3"
+    down = AGENT.generate(request("gemm_gelu_scale", platform="triton").model_copy(
+        update=dict(round=1, previous_plan=s_up.plan, feedback=[], verified_margin=0.005)))
+    assert down.plan["knobs"][name]["precision"] == "tf32x3"  # bf16x3 failed: no way back
+    tight = AGENT.generate(request("gemm_gelu_scale", platform="triton", policy="relaxed").model_copy(
+        update=dict(round=1, previous_plan=up.plan, feedback=[], verified_margin=0.5)))
+    assert tight.plan["knobs"][name]["precision"] == "bf16x2"  # passed by a hair: stays
+
+
+def test_step_down_and_up_follow_the_policy() -> None:
+    from kforge.agents.expert.compiler import step_down, step_up
+
+    assert step_up("bf16x3", "strict") == "tf32x3" and step_up("ieee", "strict") is None
+    assert step_up("bf16", "relaxed") == "bf16x2"
+    assert step_down("tf32x3", "strict", 0.001) == "bf16x3"
+    assert step_down("bf16x3", "strict", 0.001) is None  # nothing cheaper is strict
+    assert step_down("bf16x3", "relaxed", 0.001) == "bf16x2"
+    assert step_down("bf16x3", "relaxed", 0.5) is None and step_down("bf16x3", "relaxed", None) is None
 
 
 @pytest.mark.parametrize(

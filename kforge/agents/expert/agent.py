@@ -81,7 +81,7 @@ class ExpertAgent:
 
     def _compile(self, request: GenerationRequest, messages: list[dict[str, str]]) -> GenerationResult:
         """The fusion compiler's path (:mod:`.compiler`): triton and cpu."""
-        from kforge.agents.expert.compiler import plan_record, round_knobs
+        from kforge.agents.expert.compiler import failed_precisions, plan_record, round_knobs
         from kforge.agents.expert.planner import plan_problem
 
         try:
@@ -107,7 +107,7 @@ class ExpertAgent:
             reason = str(err)
             return GenerationResult(source=None, extraction=reason, plan={},
                                     transcript=self._transcript("generate", messages, reason, error=reason))
-        plan = plan_record(program, knobs, notes, request.platform)
+        plan = plan_record(program, knobs, notes, request.platform, failed_precisions(request))
         return GenerationResult(source=source, extraction="ok", plan=plan,
                                 transcript=self._transcript("generate", messages, source))
 

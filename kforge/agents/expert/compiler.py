@@ -6,7 +6,9 @@ Knobs are per kernel (``{"k0": {"BLOCK_M": 128, ...}, "k1": {...}}``). Round 0 t
 backend's defaults; later rounds start from the previous round's knobs and apply the
 analysis agent's actions to the *dominant* kernel (the GEMM when there is one, else the
 kernel with the most work); a functional failure moves the GEMMs one step up the precision
-ladder (bf16 -> bf16x3 -> tf32x3 -> ieee) or back to the defaults.
+ladder (bf16 -> bf16x2 -> bf16x3 -> tf32x3 -> ieee, the steps the policy allows: round 0 starts at
+the cheapest) or back to the defaults; a pass by a wide margin lets the analysis move one step
+down (:func:`step_down`).
 
 The plan recorded with the candidate carries the kernel list, the knobs, and a ``graph``
 summary of the dominant kernel in the shape the analysis rules read
@@ -21,7 +23,8 @@ from kforge.agents.expert.kernels import GemmKernel, PointwiseKernel, Program, R
 from kforge.schema import GenerationRequest
 
 FUNCTIONAL_STAGES = ("compile", "verify", "profile")
-PRECISION_LADDER = ("bf16", "bf16x3", "tf32x3", "ieee")
+PRECISION_LADDER = ("bf16", "bf16x2", "bf16x3", "tf32x3", "ieee")
+STEP_DOWN_MARGIN = 0.02  # max |err| / allowed below this on every case: the next step down is tried
 ROW_ALIASES = {"BLOCK_N": "BLOCK_R"}  # the analysis rules' name for a row kernel's chunk
 
 
@@ -66,12 +69,55 @@ def apply_params(knobs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any
     return out
 
 
+def _allowed(policy: str) -> tuple[str, ...]:
+    from kforge.agents.expert.triton_matmul import allowed_precisions
+
+    return tuple(p for p in PRECISION_LADDER if p in allowed_precisions(policy))
+
+
 def step_up(precision: str, policy: str) -> str | None:
     """The next more accurate precision the policy allows (None at the top)."""
+    ladder = _allowed(policy)
     if precision not in PRECISION_LADDER:
         return None
-    i = PRECISION_LADDER.index(precision)
-    return PRECISION_LADDER[i + 1] if i + 1 < len(PRECISION_LADDER) else None
+    above = [p for p in ladder if PRECISION_LADDER.index(p) > PRECISION_LADDER.index(precision)]
+    return above[0] if above else None
+
+
+def step_down(precision: str, policy: str, margin: float | None) -> str | None:
+    """The next cheaper precision the policy allows, when the last pass had room to spare
+    (``margin`` = max |err| / allowed over the verified cases, below :data:`STEP_DOWN_MARGIN`)."""
+    if margin is None or not margin < STEP_DOWN_MARGIN or precision not in PRECISION_LADDER:
+        return None
+    below = [p for p in _allowed(policy) if PRECISION_LADDER.index(p) < PRECISION_LADDER.index(precision)]
+    return below[-1] if below else None
+
+
+def set_precision(program: Program, name: str, knobs: dict[str, Any], precision: str) -> dict[str, Any]:
+    """A kernel's knobs at another precision step, with that step's tiles for a GEMM."""
+    kernel = next((k for k in program.kernels if k.name == name), None)
+    if isinstance(kernel, GemmKernel) and "BLOCK_M" in knobs:
+        from kforge.agents.expert.triton_matmul import step_knobs
+
+        return step_knobs(knobs, precision, program.hint(kernel.m), program.hint(kernel.n))
+    return {**knobs, "precision": precision}
+
+
+def _is_accuracy_failure(request: GenerationRequest) -> bool:
+    failures = [f for f in request.feedback if f.stage in FUNCTIONAL_STAGES]
+    return bool(failures) and ("mismatch" in failures[0].reason or "precision" in failures[0].reason)
+
+
+def failed_precisions(request: GenerationRequest) -> list[str]:
+    """Precisions that already failed this problem's accuracy check (the ladder never returns)."""
+    plan = request.previous_plan if request.round > 0 else {}
+    failed = [str(p) for p in plan.get("failed_precisions", []) if isinstance(p, str)]
+    if _is_accuracy_failure(request):
+        for kv in (plan.get("knobs") or {}).values():
+            p = kv.get("precision") if isinstance(kv, dict) else None
+            if isinstance(p, str) and p not in failed:
+                failed.append(p)
+    return failed
 
 
 def round_knobs(program: Program, defaults: dict[str, dict[str, Any]], request: GenerationRequest) -> tuple[dict[str, dict[str, Any]], list[str]]:
@@ -88,13 +134,19 @@ def round_knobs(program: Program, defaults: dict[str, dict[str, Any]], request: 
             for name, kv in knobs.items():
                 up = step_up(str(kv.get("precision", "")), request.policy)
                 if up is not None:
-                    kv["precision"] = up
+                    knobs[name] = set_precision(program, name, kv, up)
                     changed.append(f"{name} precision -> {up}")
         if changed:
             return knobs, [f"repair after {reason}: " + ", ".join(changed)]
         return defaults, [f"repair after {reason}: back to the default knobs"]
     name = dominant(program)
     notes = ["carried the previous knobs"]
+    failed = failed_precisions(request)
+    for kname, kv in knobs.items():
+        down = step_down(str(kv.get("precision", "")), request.policy, request.verified_margin)
+        if down is not None and down not in failed:
+            knobs[kname] = set_precision(program, kname, kv, down)
+            notes.append(f"{kname} precision -> {down} (verified with margin {request.verified_margin:.3g})")
     if request.recommendation is not None and name is not None:
         for action in request.recommendation.actions:
             before = knobs[name]
@@ -104,7 +156,8 @@ def round_knobs(program: Program, defaults: dict[str, dict[str, Any]], request: 
     return knobs, notes
 
 
-def plan_record(program: Program, knobs: dict[str, dict[str, Any]], notes: list[str], platform: str) -> dict[str, Any]:
+def plan_record(program: Program, knobs: dict[str, dict[str, Any]], notes: list[str], platform: str,
+                failed: list[str] | None = None) -> dict[str, Any]:
     name = dominant(program)
     kernels = []
     for k in program.kernels:
@@ -117,6 +170,10 @@ def plan_record(program: Program, knobs: dict[str, dict[str, Any]], notes: list[
         elif isinstance(k, PointwiseKernel):
             entry["stores"] = len(k.stores)
         kernels.append(entry)
+    precisions = sorted({str(kv["precision"]) for kv in knobs.values() if "precision" in kv},
+                        key=lambda p: PRECISION_LADDER.index(p) if p in PRECISION_LADDER else -1)
+    extra: dict[str, Any] = {"precision": precisions[-1]} if precisions else {}
     return {"platform": platform, "compiler": "fusion-v2", "kernels": kernels, "knobs": knobs,
+            **extra, "failed_precisions": failed or [],
             "dominant": name, "graph": graph_summary(program, name), "notes": notes,
             **flat_view(knobs, name)}

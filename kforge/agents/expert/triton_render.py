@@ -296,9 +296,9 @@ def _mul_combine(a, b):
 
 
 def render_triton(program: Program, knobs: dict[str, dict[str, Any]], policy: str, problem_source: str) -> str:
-    from kforge.agents.expert.triton_matmul import gemm_kernel
+    from kforge.agents.expert.triton_matmul import PRECAST_HELPER, gemm_kernel, uses_precast
 
-    sources: list[str] = []
+    sources: list[str] = [PRECAST_HELPER.strip()] if uses_precast(knobs) else []
     launches: dict[str, list[str]] = {}
     for k in program.kernels:
         kk = knobs.get(k.name, {})
