@@ -224,6 +224,9 @@ class GenerationRequest(Record):
     previous_plan: dict[str, Any] = Field(default_factory=dict)
     feedback: list[Feedback] = Field(default_factory=list)
     recommendation: Recommendation | None = None
+    # max |err| / allowed over the previous round's verified cases (None: not verified / unknown);
+    # a wide margin lets the embedded agent try one precision step down
+    verified_margin: float | None = None
     transfer_source: str | None = None  # a verified kernel from another platform
     transfer_platform: str | None = None
     context: AgentContext | None = None  # LLM agents' context (None: the embedded agent)
