@@ -209,7 +209,7 @@ def summary_table(summary: list[dict[str, Any]]) -> str:
 
 def cells_table(rows: list[dict[str, Any]]) -> str:
     headers = ["agent", "platform", "problem", "status", "x best", "ship if >", "answer x", "policy", "atol",
-               "rtol", "max abs err", "rel err norm", "detail", "chain"]
+               "rtol", "max abs err", "rel err norm", "err margin", "precision", "verified at", "detail", "chain"]
     body = []
     for i, r in enumerate(rows):
         cls = "status-shipped" if r["status"] == "shipped" else ("" if r["status"] in COLORS else "status-fail")
@@ -218,6 +218,8 @@ def cells_table(rows: list[dict[str, Any]]) -> str:
                      _td(r.get("ship_threshold")), _td(r.get("shipped_speedup")), _td(r["policy"], cls=""),
                      _td(r.get("atol"), "{:g}"), _td(r.get("rtol"), "{:g}"),
                      _td(r.get("max_abs_err"), "{:.2e}"), _td(r.get("rel_err_norm"), "{:.2e}"),
+                     _td(r.get("max_margin"), "{:.3g}"), _td(r.get("precision"), cls=""),
+                     _td(r.get("verify_preset"), cls=""),
                      f"<td>{html.escape(str(r.get('detail') or ''))[:160]}</td>",
                      f'<td><a href="#cell-{i}">provenance, source</a></td>'])
     return _table(headers, body)

@@ -86,6 +86,24 @@ class BuildResult(Record):
 # --------------------------------------------------------------------------- verification
 
 
+class CaseMargin(Record):
+    """One verification case's error against what the policy allowed (the worst output's).
+
+    ``margin`` = max error / allowed error: on the problem's own inputs (``native``, the
+    other-sizes case) max(max_i |c_i - r_i| / (atol + rtol |r_i|), rel_err_norm / tol), on the
+    stress distributions rel_err_norm / tol. At most 1 passes; 0.95 passed by a hair. None:
+    not measurable (NaN or inf where the reference is finite)."""
+
+    case: int
+    dist: str
+    other_sizes: bool = False
+    output: int = 0
+    margin: float | None = None
+    rule: str = "elementwise"  # which limit the margin is closest to: "elementwise" or "norm"
+    max_abs_err: float | None = None
+    rel_err_norm: float | None = None
+
+
 class Verdict(Record):
     """Outcome of verifying one candidate against its reference."""
 
@@ -98,6 +116,10 @@ class Verdict(Record):
     trials: int = 0
     max_abs_err: float | None = None
     rel_err_norm: float | None = None
+    max_margin: float | None = None  # the worst CaseMargin.margin (None: none measured)
+    margins: list[CaseMargin] = Field(default_factory=list)  # per case judged on values
+    preset: str = ""  # the sizes verified at ("ci", "full", ...)
+    compared_on: str = ""  # "host" (bytes to the parent) or "device" (CUDA IPC, gpu_compare.py)
     sandbox: str = "subprocess"
     interpreted: bool = False  # e.g. Triton under TRITON_INTERPRET=1
     device: str = "cpu"

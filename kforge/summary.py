@@ -11,6 +11,9 @@ Every problem of the suite counts, whatever happened to it:
   eager and torch.compile is greater than p. ``fast_0`` is the fraction correct. A correct row
   that was never timed (``verified_interpreted``) counts for ``fast_0`` only. ``fast_1`` can
   exceed ``shipped / problems``: a kernel 1% faster inside the noise band is fast_1 but not shipped.
+- ``worst_margin``: the largest ``max_margin`` (max error / allowed error over the verification
+  cases) among the verified rows; ``near_tolerance``: how many verified rows used at least
+  ``NEAR_TOLERANCE`` of their allowed error (they pass, but by a hair).
 - tokens, cost and wall time are sums over the group's cells (wall time: the stages' own seconds,
   not the pipeline's elapsed time, which overlaps cells); ``cost_per_shipped_usd`` is the total
   cost divided by the shipped count (None when nothing shipped).
@@ -24,6 +27,7 @@ from typing import Any
 
 FAST_P = (0.0, 1.0, 1.5, 2.0, 5.0)
 GROUP = ("agent", "platform", "suite", "policy")
+NEAR_TOLERANCE = 0.5  # a verified row whose worst error is at least half the allowed one
 
 
 def fast_p_column(p: float) -> str:
@@ -62,7 +66,10 @@ def _group_row(key: tuple[Any, ...], rows: list[dict[str, Any]]) -> dict[str, An
     })
     for p in FAST_P:
         row[fast_p_column(p)] = round(fast_p(rows, p), 4)
+    margins = [float(r["max_margin"]) for r in rows if r.get("verified") and r.get("max_margin") is not None]
     row.update({
+        "worst_margin": _round(max(margins)) if margins else None,
+        "near_tolerance": sum(1 for m in margins if m >= NEAR_TOLERANCE),
         "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
         "cost_usd": round(cost, 6), "cost_per_shipped_usd": round(cost / len(shipped), 6) if shipped else None,
         "wall_s": round(sum(r.get("wall_s") or 0.0 for r in rows), 3),
@@ -95,6 +102,9 @@ def format_summary(summary: list[dict[str, Any]]) -> str:
             f"  geomean speedup over ALL problems (not shipped = 1.0): {s['geomean_all']:.2f}x; "
             f"over shipped only: {'-' if shipped_only is None else f'{shipped_only:.2f}x'}\n"
             f"  {fast}\n"
+            f"  error margin (max error / allowed, verified rows): worst "
+            f"{'-' if s.get('worst_margin') is None else format(s['worst_margin'], '.3g')}, "
+            f"{s.get('near_tolerance', 0)} at >= {NEAR_TOLERANCE:g} of the tolerance\n"
             f"  tokens {s['total_tokens']} (in {s['prompt_tokens']}, out {s['completion_tokens']}), "
             f"cost ${s['cost_usd']:.4f}, per shipped kernel {'-' if per is None else f'${per:.4f}'}, "
             f"stage time {s['wall_s']:.1f} s"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kforge.config import parse_config
-from kforge.schema import ProblemMeta, Profile, Timing, Transcript, Usage, Verdict
+from kforge.schema import CaseMargin, ProblemMeta, Profile, Timing, Transcript, Usage, Verdict
 from kforge.stages.context import StageContext, write_record
 from kforge.stages.records import (
     AnalysisRecord,
@@ -53,6 +53,8 @@ class Cell:
     interpreted: bool = False
     rounds: int = 2
     cost: float = 0.01
+    margin: float | None = None  # the verdicts' max_margin (None: no margins recorded)
+    precision: str | None = None  # recorded in the plan as the dominant kernel's knob
 
 
 CELLS = [
@@ -93,6 +95,20 @@ def _profile(cell: Cell, *, baselines: bool) -> Profile:
     )
 
 
+def _plan(cell: Cell) -> dict[str, object]:
+    if cell.precision is None:
+        return {}
+    return {"dominant": "k0", "knobs": {"k0": {"BLOCK_M": 64, "precision": cell.precision}, "k1": {"BLOCK": 256}}}
+
+
+def _margins(cell: Cell) -> dict[str, object]:
+    if cell.margin is None:
+        return {}
+    cases = [CaseMargin(case=0, dist="native", margin=cell.margin, max_abs_err=2e-6, rel_err_norm=1e-7),
+             CaseMargin(case=1, dist="signed", margin=cell.margin / 2, rule="norm")]
+    return {"margins": cases, "max_margin": cell.margin}
+
+
 def write_cell(ctx: StageContext, cell: Cell) -> Path:
     """Round records for one cell, the problem record, and the select action already cached."""
     store, root = ctx.store, ctx.root
@@ -119,7 +135,7 @@ def write_cell(ctx: StageContext, cell: Cell) -> Path:
         cand = CandidateRecord(
             agent="expert", model="kforge/expert-v1", platform=cell.platform, suite="starter",
             problem=cell.problem, round=r, mode="initial" if r == 0 else "optimize", source=src, extraction="ok",
-            plan=store.put_json({}), transcript=store.put_json(transcript), parent=parent,
+            plan=store.put_json(_plan(cell)), transcript=store.put_json(transcript), parent=parent,
             used={"problem": problem_digest, "example": example_digest}, prompt_tokens=100,
             completion_tokens=50, cost_usd=cell.cost, seconds=0.5,
         )
@@ -128,7 +144,7 @@ def write_cell(ctx: StageContext, cell: Cell) -> Path:
                                                        log=None, seconds=1.0, tool_versions={"g++": "12"}), store)
         verdict = Verdict(ok=cell.ok, reason="ok" if cell.ok else "mismatch", policy="strict", atol=1e-4,
                           rtol=1e-4, max_abs_err=2e-6 if cell.ok else 0.5, rel_err_norm=1e-7,
-                          interpreted=cell.interpreted, seconds=2.0)
+                          interpreted=cell.interpreted, seconds=2.0, **_margins(cell))
         write_record(d / "verify.json", VerifyRecord(platform=cell.platform, problem_source=problem_src,
                                                      preset="ci", source=src, verdict=verdict), store)
         timed = cell.ok and not cell.interpreted

@@ -209,7 +209,8 @@ def progress_section(context: AgentContext | None, *, signals: bool = True) -> s
     for key, value in context.signals.items() if signals else ():
         parts.append(f"- {key}: {value}")
     if "max_abs_err" in t:
-        parts.append(f"- its largest error: {t['max_abs_err']:.3g} (tolerance {t.get('tolerance', 0):.0e})")
+        margin = f"; it used {t['max_margin']:.3g} of the allowed error" if "max_margin" in t else ""
+        parts.append(f"- its largest error: {t['max_abs_err']:.3g} (tolerance {t.get('tolerance', 0):.0e}{margin})")
     rows = [
         f"| {a.round}{' (best)' if a.best else ''} | {a.mode} | {a.tried or '-'} | {a.verdict or '-'} "
         f"| {'-' if a.candidate_ms is None else f'{a.candidate_ms:.4g}'} |"

@@ -380,4 +380,6 @@ def _timings(context: AgentContext, profiled: Any, verified: Any, policy: str) -
     if verified is not None and verified.verdict.max_abs_err is not None:
         t["max_abs_err"] = _round3(verified.verdict.max_abs_err)
         t["tolerance"] = TOLERANCES[policy]
+        if verified.verdict.max_margin is not None:  # max error / allowed error, worst case
+            t["max_margin"] = _round3(verified.verdict.max_margin)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kforge.stages.context import StageContext
-from kforge.stages.records import SelectionRecord, VerifyRecord
+from kforge.stages.records import CandidateRecord, SelectionRecord, VerifyRecord
 from kforge.store import Store, StoreError
 
 KINDS = {
@@ -100,22 +100,27 @@ REPORT_COLUMNS = (
 
 
 def report_row(path: Path, store: Store) -> dict[str, Any]:
-    """One report row from a ``best.json``: the selection, plus the winner's error margin (its
-    verify record) and roofline position (its same-run timing profile), where there is one."""
+    """One report row from a ``best.json``: the selection, plus the winner's errors and error
+    margin (``max_margin``: the worst case's max error / allowed error, from its verify record),
+    the sizes it was verified at (``verify_preset``), the precision step its plan recorded
+    (``precision``) and its roofline position (its same-run timing profile), where there is one."""
     raw = path.read_bytes()
     record = SelectionRecord.model_validate_json(raw)
     data = record.model_dump(mode="json")
     row: dict[str, Any] = {c: data[c] for c in REPORT_COLUMNS}
     row.update({"selection": hashlib.sha256(raw).hexdigest(), "run_dir": str(path.parent), "kernel_path": None,
-                "atol": None, "rtol": None, "max_abs_err": None, "rel_err_norm": None,
-                "roofline_ms": None, "roofline_fraction": None})
+                "atol": None, "rtol": None, "max_abs_err": None, "rel_err_norm": None, "max_margin": None,
+                "verify_preset": None, "precision": None, "roofline_ms": None, "roofline_fraction": None})
     if record.best_round is not None:
         rdir = path.parent / f"r{record.best_round}"
         row["kernel_path"] = str(rdir / "kernel.py")
         if (rdir / "verify.json").is_file():
-            verdict = VerifyRecord.model_validate_json((rdir / "verify.json").read_bytes()).verdict
+            verified = VerifyRecord.model_validate_json((rdir / "verify.json").read_bytes())
+            verdict = verified.verdict
             row.update(atol=verdict.atol, rtol=verdict.rtol, max_abs_err=verdict.max_abs_err,
-                       rel_err_norm=verdict.rel_err_norm)
+                       rel_err_norm=verdict.rel_err_norm, max_margin=verdict.max_margin,
+                       verify_preset=verdict.preset or verified.preset or None)
+        row["precision"] = plan_precision(rdir / "candidate.json", store)
     if record.selection_profile and record.candidate_ms:
         try:
             roofline = float(store.get_json(record.selection_profile).get("roofline_ms") or 0.0)
@@ -124,6 +129,22 @@ def report_row(path: Path, store: Store) -> dict[str, Any]:
         if roofline > 0:  # 1.0: at the roofline; 0.1: ten times slower than the device allows
             row.update(roofline_ms=roofline, roofline_fraction=round(roofline / record.candidate_ms, 4))
     return row
+
+
+def plan_precision(candidate: Path, store: Store) -> str | None:
+    """The precision step the candidate's plan recorded: the dominant kernel's
+    ``knobs[dominant]["precision"]`` (the fusion compiler's plan), else the plan's own
+    ``precision`` field (the cuda pattern path); None when the plan names none."""
+    try:
+        plan = store.get_json(CandidateRecord.model_validate_json(candidate.read_bytes()).plan)
+    except (OSError, ValueError, StoreError):
+        return None
+    if not isinstance(plan, dict):
+        return None
+    knobs, dominant = plan.get("knobs"), plan.get("dominant")
+    if isinstance(knobs, dict) and isinstance(knobs.get(dominant), dict) and knobs[dominant].get("precision"):
+        return str(knobs[dominant]["precision"])
+    return str(plan["precision"]) if plan.get("precision") else None
 
 
 def report_rows(selections: list[Path], store: Store) -> list[dict[str, Any]]:

@@ -68,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{status} reason={verdict.reason} policy={verdict.policy} atol={verdict.atol:g} "
           f"rtol={verdict.rtol:g} trials={verdict.trials} sandbox={verdict.sandbox}")
     if verdict.max_abs_err is not None:
-        print(f"max_abs_err={verdict.max_abs_err:.3g} rel_err_norm={verdict.rel_err_norm:.3g}")
+        margin = "-" if verdict.max_margin is None else f"{verdict.max_margin:.3g}"
+        print(f"max_abs_err={verdict.max_abs_err:.3g} rel_err_norm={verdict.rel_err_norm:.3g} "
+              f"max_margin={margin} (worst error / allowed error over {len(verdict.margins)} cases; "
+              f"verified at {verdict.preset or '?'} sizes)")
     if verdict.detail:
         print(verdict.detail)
     return 0 if verdict.ok else 1

@@ -16,6 +16,7 @@ and a fresh one, must still give the reference's answers (else ``stale_output``)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ class Judgement:
     max_abs_err: float | None = None
     rel_err_norm: float | None = None
     cases: int = 0
+    margins: list[dict[str, Any]] = field(default_factory=list)  # per case judged on values (schema.CaseMargin)
     notes: list[str] = field(default_factory=list)
 
 
@@ -45,6 +47,49 @@ def arrays(frame: Frame) -> list[np.ndarray]:
     return out
 
 
+@dataclass
+class Comparison:
+    """One output against the reference: the failure kind (None: passed), the errors, and the
+    margin: the worst error over what the rule allowed (<= 1 passes; see :func:`compare`)."""
+
+    kind: str | None
+    max_abs_err: float
+    rel_err_norm: float
+    margin: float | None  # None: not measurable (non-finite where the reference is finite)
+    rule: str  # "elementwise" or "norm": which limit the margin is closest to
+    fingerprint: list[float] = field(default_factory=list)  # IPC path only: equality hint
+
+    def as_tuple(self) -> tuple[str | None, float, float]:
+        return self.kind, self.max_abs_err, self.rel_err_norm
+
+
+def measure(c: np.ndarray, r: np.ndarray, tol: float, dist: str = "native") -> Comparison:
+    """:func:`compare` with the margin: on the problem's own inputs (``native``, the other-sizes
+    case) max(max_i |c_i - r_i| / (atol + rtol |r_i|), rel_err_norm / tol); on the stress
+    distributions rel_err_norm / tol. A kernel that passes with a margin of 0.9 passed by a hair."""
+    r_fin = np.isfinite(r)
+    if not np.all(np.isfinite(c)[r_fin]):
+        return Comparison("nonfinite", float("nan"), float("nan"), None, "elementwise")
+    if not np.array_equal(c[~r_fin], r[~r_fin], equal_nan=True):
+        return Comparison("mismatch", float("nan"), float("nan"), None, "elementwise")
+    diff = np.abs(c[r_fin] - r[r_fin])
+    max_abs = float(diff.max()) if diff.size else 0.0
+    elementwise = dist in ("native", "")
+    ref_norm = float(np.linalg.norm(r[r_fin]))
+    err_norm = float(np.linalg.norm(diff))
+    rel = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
+    ratio = float((diff / (tol + tol * np.abs(r[r_fin]))).max()) if elementwise and diff.size else 0.0
+    return _verdict_of(max_abs, rel, ratio, tol, elementwise)
+
+
+def _verdict_of(max_abs: float, rel: float, ratio: float, tol: float, elementwise: bool) -> Comparison:
+    """Shared by the numpy path and the on-device (IPC) path (``gpu_compare.compare_on_device``)."""
+    norm_margin = rel / tol
+    margin, rule = (ratio, "elementwise") if elementwise and ratio >= norm_margin else (norm_margin, "norm")
+    ok = (not elementwise or ratio <= 1.0) and rel <= tol  # NaN in either -> False
+    return Comparison(None if ok else "mismatch", max_abs, rel, margin, rule)
+
+
 def compare(c: np.ndarray, r: np.ndarray, tol: float, dist: str = "native") -> tuple[str | None, float, float]:
     """(failure kind or None, max abs error, relative error norm); NaN never passes.
 
@@ -55,28 +100,20 @@ def compare(c: np.ndarray, r: np.ndarray, tol: float, dist: str = "native") -> t
     band, for every fp32 summation order), so there only the relative error norm is held to
     ``tol``; every case needs it, so a wrong answer fails either way.
     """
-    r_fin = np.isfinite(r)
-    if not np.all(np.isfinite(c)[r_fin]):
-        return "nonfinite", float("nan"), float("nan")
-    if not np.array_equal(c[~r_fin], r[~r_fin], equal_nan=True):
-        return "mismatch", float("nan"), float("nan")
-    diff = np.abs(c[r_fin] - r[r_fin])
-    max_abs = float(diff.max()) if diff.size else 0.0
-    elementwise = dist in ("native", "")
-    ok = not elementwise or np.all(diff <= tol + tol * np.abs(r[r_fin]))  # NaN in diff -> False
-    ref_norm = float(np.linalg.norm(r[r_fin]))
-    err_norm = float(np.linalg.norm(diff))
-    rel = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
-    if not ok or not rel <= tol:
-        return "mismatch", max_abs, rel
-    return None, max_abs, rel
+    return measure(c, r, tol, dist).as_tuple()
 
 
 def judge(
     ref: dict[int, Frame], cand: dict[int, Frame], *, tol: float, strict: bool,
     shape_index: int | None, platform: str,
+    on_device: dict[tuple[str, int], list[Comparison]] | None = None,
 ) -> Judgement:
+    """The first failure, in the module docstring's order, or OK; every case judged on values
+    leaves its margin in ``Judgement.margins`` (the worst output's). ``on_device``: the
+    outputs were compared on the GPU by the trusted judge (``gpu_compare.py``), keyed by
+    ("case", index); the frames carry no bytes then."""
     worst_abs, worst_rel = 0.0, 0.0
+    margins: list[dict[str, Any]] = []
     prev: dict[str, Any] | None = None
     judged = 0
     for index in sorted(ref):
@@ -108,39 +145,80 @@ def judge(
         if h["background"] or h["changed_after_return"]:
             what = ", ".join(h["background"][:4]) or "the output changed after forward returned"
             return Judgement(Reason.ASYNC_WORK_LEFT, f"work still running after return: {what}")
-        c_out, r_out = arrays(c_frame), arrays(r_frame)
-        if len(c_out) != len(r_out):
-            return Judgement(Reason.SHAPE_MISMATCH, f"{len(c_out)} outputs, expected {len(r_out)}")
+        n_out = len(h["outputs"])
+        if n_out != len(r_frame.header["outputs"]):
+            return Judgement(Reason.SHAPE_MISMATCH, f"{n_out} outputs, expected {len(r_frame.header['outputs'])}")
         for k, (cm, rm) in enumerate(zip(h["outputs"], r_frame.header["outputs"], strict=True)):
             if cm["shape"] != rm["shape"]:
                 reason = Reason.SHAPE_SPECIALIZED if is_shape else Reason.SHAPE_MISMATCH
                 return Judgement(reason, f"output {k}: shape {cm['shape']}, expected {rm['shape']}")
             if cm["dtype"] != rm["dtype"]:
                 return Judgement(Reason.DTYPE_MISMATCH, f"output {k}: {cm['dtype']}, expected {rm['dtype']}")
-        for k, (c, r) in enumerate(zip(c_out, r_out, strict=True)):
-            kind, max_abs, rel = compare(c, r, tol, "native" if is_shape else str(r_frame.header.get("dist", "native")))
-            if kind is None:
-                worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, rel)
+        dist = "native" if is_shape else str(r_frame.header.get("dist", "native"))
+        if on_device is not None:  # compared on the GPU by the trusted judge (gpu_compare.py)
+            results = on_device.get(("case", index))
+            if results is None or len(results) != n_out:
+                return Judgement(Reason.CRASHED, f"case {index}: the comparison on the device got no answer "
+                                 "for these outputs (the candidate's process let go of them too early?)")
+            mine: Any = [c.fingerprint for c in results]
+        else:
+            c_out, r_out = arrays(c_frame), arrays(r_frame)
+            results = [measure(c, r, tol, dist) for c, r in zip(c_out, r_out, strict=True)]
+            mine = c_out
+        worst = max(range(n_out), key=lambda k: _rank(results[k]), default=None)
+        if worst is not None:
+            res = results[worst]
+            margins.append({"case": index, "dist": dist, "other_sizes": is_shape, "output": worst,
+                            "margin": _finite(res.margin), "rule": res.rule,
+                            "max_abs_err": _finite(res.max_abs_err), "rel_err_norm": _finite(res.rel_err_norm)})
+        for k, res in enumerate(results):
+            if res.kind is None:
+                worst_abs, worst_rel = max(worst_abs, res.max_abs_err), max(worst_rel, res.rel_err_norm)
                 continue
-            detail = f"case {index} ({r_frame.header.get('dist', '')}) output {k}: max abs err {max_abs:.3g}, rel err norm {rel:.3g} (tol {tol:g})"
-            if kind == "nonfinite":
-                return Judgement(Reason.NONFINITE, f"case {index} output {k}: NaN/inf where the reference is finite")
-            if prev is not None and _same_as_previous(c_out, prev):
-                return Judgement(Reason.CACHES_OUTPUTS, f"case {index}: returned its previous output for new inputs")
+            margin = "" if res.margin is None else f", margin {res.margin:.3g}x the allowed error"
+            detail = (f"case {index} ({r_frame.header.get('dist', '')}) output {k}: max abs err {res.max_abs_err:.3g}, "
+                      f"rel err norm {res.rel_err_norm:.3g} (tol {tol:g}{margin})")
+            if res.kind == "nonfinite":
+                return Judgement(Reason.NONFINITE, f"case {index} output {k}: NaN/inf where the reference is finite",
+                                 margins=margins)
+            if prev is not None and _same_as_previous(mine, prev, on_device is not None):
+                return Judgement(Reason.CACHES_OUTPUTS, f"case {index}: returned its previous output for new inputs",
+                                 margins=margins)
             reason = Reason.SHAPE_SPECIALIZED if is_shape else Reason.OUTPUT_MISMATCH
-            return Judgement(reason, detail, max_abs, rel)
-        prev = {"outputs": c_out}
+            return Judgement(reason, detail, res.max_abs_err, res.rel_err_norm, margins=margins)
+        prev = {"outputs": mine}
         judged += 1
     first = cand.get(0)
     if first is not None and "error" not in first.header:
         verdict = _launch_checks(first.header, ref[0].header, platform)
         if verdict is not None:
+            verdict.margins = margins
             return verdict
-    return Judgement(Reason.OK, f"{judged} cases passed", worst_abs, worst_rel, judged)
+    return Judgement(Reason.OK, f"{judged} cases passed", worst_abs, worst_rel, judged, margins=margins)
 
 
-def _same_as_previous(c_out: list[np.ndarray], prev: dict[str, Any]) -> bool:
+def _rank(res: Comparison) -> float:
+    """Worst first: a non-finite output, then the largest margin."""
+    return float("inf") if res.margin is None or res.margin != res.margin else res.margin
+
+
+def _finite(value: float | None) -> float | None:
+    """JSON-safe: NaN and inf become None (not measurable)."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+def max_margin(margins: list[dict[str, Any]]) -> float | None:
+    """The worst case's margin; None when there is none or one was not measurable."""
+    values = [m.get("margin") for m in margins]
+    if not values or any(v is None for v in values):
+        return None
+    return max(float(v) for v in values)  # type: ignore[arg-type]
+
+
+def _same_as_previous(c_out: list[Any], prev: dict[str, Any], fingerprints: bool = False) -> bool:
     old = prev["outputs"]
+    if fingerprints:  # the IPC path: outputs never left the device; equal fingerprints
+        return len(old) == len(c_out) and all(a and a == b for a, b in zip(c_out, old, strict=True))
     return len(old) == len(c_out) and all(
         a.shape == b.shape and np.array_equal(a, b, equal_nan=True) for a, b in zip(c_out, old, strict=True)
     )
@@ -161,9 +239,11 @@ def _launch_checks(h: dict[str, Any], ref_h: dict[str, Any], platform: str) -> J
     return None
 
 
-def judge_repeats(ref: dict[int, Frame], repeats: list[Frame], tol: float) -> Judgement | None:
+def judge_repeats(ref: dict[int, Frame], repeats: list[Frame], tol: float,
+                  on_device: dict[tuple[str, int], list[Comparison]] | None = None) -> Judgement | None:
     """The repeat phase's answers (``checked.repeat_phase``) against the reference's answers for
-    the same cases; None when they agree (or there is nothing to hold them to)."""
+    the same cases; None when they agree (or there is nothing to hold them to). ``on_device``:
+    compared on the GPU by the trusted judge, keyed by ("repeat", rep)."""
     first = ref.get(0)
     if first is None or not first.header.get("deterministic", True):
         return None  # a nondeterministic reference: repeated answers cannot be held to it
@@ -174,16 +254,22 @@ def judge_repeats(ref: dict[int, Frame], repeats: list[Frame], tol: float) -> Ju
         r_frame = ref.get(int(h["case"]))
         if r_frame is None or "error" in r_frame.header:
             continue
-        c_out, r_out = arrays(frame), arrays(r_frame)
         who = ("a fresh ModelNew" if h["rep"] < 0 else
                f"call {h['rep'] + 1} of the repeat phase (same instance, input buffer set {h['slot']})")
-        if len(c_out) != len(r_out) or any(c.shape != r.shape for c, r in zip(c_out, r_out, strict=False)):
+        c_meta, r_meta = h.get("outputs", []), r_frame.header["outputs"]
+        if len(c_meta) != len(r_meta) or any(c["shape"] != r["shape"] for c, r in zip(c_meta, r_meta, strict=False)):
             return Judgement(Reason.STALE_OUTPUT, f"{who}: outputs of other shapes than case {h['case']}'s")
-        for k, (c, r) in enumerate(zip(c_out, r_out, strict=True)):
-            kind, max_abs, rel = compare(c, r, tol, str(r_frame.header.get("dist", "native")))
-            if kind is not None:
+        dist = str(r_frame.header.get("dist", "native"))
+        if on_device is not None:
+            results = on_device.get(("repeat", int(h["rep"])))
+            if results is None or len(results) != len(r_meta):
+                return Judgement(Reason.CRASHED, f"{who}: the comparison on the device got no answer")
+        else:
+            results = [measure(c, r, tol, dist) for c, r in zip(arrays(frame), arrays(r_frame), strict=True)]
+        for k, res in enumerate(results):
+            if res.kind is not None:
                 return Judgement(Reason.STALE_OUTPUT, (
-                    f"{who} on case {h['case']}'s inputs: output {k} max abs err {max_abs:.3g}, rel err norm "
-                    f"{rel:.3g}; the first call on those inputs was right: the answer depends on what ran before"),
-                    max_abs, rel)
+                    f"{who} on case {h['case']}'s inputs: output {k} max abs err {res.max_abs_err:.3g}, rel err norm "
+                    f"{res.rel_err_norm:.3g}; the first call on those inputs was right: the answer depends on what "
+                    "ran before"), res.max_abs_err, res.rel_err_norm)
     return None

@@ -23,7 +23,7 @@ from typing import Any
 
 from kforge.schema import TOLERANCES, Policy, Verdict
 from kforge.verifier.checks import static_check
-from kforge.verifier.correctness import judge, judge_repeats
+from kforge.verifier.correctness import judge, judge_repeats, max_margin
 from kforge.verifier.inputs import plan_cases
 from kforge.verifier.protocol import Frame
 from kforge.verifier.reasons import Reason
@@ -88,7 +88,7 @@ def run_verification(
 
     def verdict(reason: Reason, detail: str = "", **kw: Any) -> Verdict:
         return Verdict(ok=reason is Reason.OK, reason=reason.value, detail=detail[:2000], policy=policy,
-                       atol=tol, rtol=tol, seconds=time.monotonic() - start, **kw)
+                       atol=tol, rtol=tol, seconds=time.monotonic() - start, preset=preset, **kw)
 
     problem_path = Path(problem_path).resolve()
     try:
@@ -145,6 +145,7 @@ def run_verification(
     j = judge(ref_cases, cand_cases, tol=tol, strict=policy == "strict",
               shape_index=shape_index if shape_index in ref_cases and len(cases) > shape_index else None,
               platform=platform)
+    extra.update(margins=j.margins, max_margin=max_margin(j.margins))
     if j.reason is Reason.OK:
         repeats = [f for f in out.frames if f.header.get("kind") == "repeat"]
         stale = judge_repeats(ref_cases, repeats, tol)

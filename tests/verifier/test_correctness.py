@@ -20,6 +20,19 @@ def test_honest_candidate_passes_every_case() -> None:
     assert v.trials == 5  # 4 distributions + 1 case at other sizes
     assert v.sandbox.startswith("bwrap") or v.sandbox.startswith(("unshare", "setsid"))
     assert v.rel_err_norm is not None and v.rel_err_norm < 1e-4
+    # error margins on record: every case judged, its worst output's error / allowed error
+    assert [m.case for m in v.margins] == [0, 1, 2, 3, 4] and v.margins[-1].other_sizes
+    assert [m.rule for m in v.margins[:2]] == ["elementwise", "norm"]  # native, then a stress case
+    assert v.max_margin == max(m.margin for m in v.margins) < 0.01  # type: ignore[type-var]
+    assert v.preset == "ci"
+
+
+def test_a_pass_by_a_hair_shows_in_its_margin() -> None:
+    hair = HONEST.replace("return torch.sign(z) * (1.0 - e) / (1.0 + e)",
+                          "return torch.sign(z) * (1.0 - e) / (1.0 + e) * (1.0 + 7e-5)")
+    v = verify(hair)
+    assert v.ok, v.detail
+    assert v.max_margin is not None and 0.6 < v.max_margin < 1.0
 
 
 def test_nan_never_passes_and_near_zero_needs_the_norm() -> None:
