@@ -9,6 +9,7 @@ rule refine:
         kernel=lambda w: _previous(w, "kernel.py"),
         compiled=lambda w: _previous(w, "compile.json"),
         verified=lambda w: _previous(w, "verify.json"),
+        profiled=lambda w: _previous(w, "profile.json"),
         analysis=lambda w: _previous(w, "analysis.json"),
         problem=f"{ROOT}/problems/{{suite}}/{{problem}}.json",
         example=f"{ROOT}/examples/{{platform}}.json",

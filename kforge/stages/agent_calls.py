@@ -301,11 +301,23 @@ def device_sheet(ctx: StageContext, platform: str) -> dict[str, Any]:
     return sheet
 
 
-def _tried(mode: str, previous: VerifyRecord | None, analysis: AnalysisRecord | None) -> str:
+def round_outcome(verified: VerifyRecord | None, profiled: ProfileRecord | None) -> str | None:
+    """A round's reason code as the agent should see it: the verifier's, or, for a verified
+    candidate whose checked timing was rejected (``stale_output``, ``timing_inconsistent``,
+    ``beats_roofline``, ...), the timing's."""
+    if verified is None:
+        return None
+    prof = profiled.profile if profiled is not None else None
+    if verified.verdict.ok and prof is not None and not prof.ok:
+        return prof.reason
+    return verified.verdict.reason
+
+
+def _tried(mode: str, previous: str | None, analysis: AnalysisRecord | None) -> str:
     if mode == "initial":
         return "first candidate"
     if mode == "repair":
-        return f"repair of {previous.verdict.reason if previous else 'a failure'}"
+        return f"repair of {previous or 'a failure'}"
     if mode == "optimize" and analysis is not None and analysis.recommendation is not None:
         kinds = ", ".join(a.kind for a in analysis.recommendation.actions[:3])
         return f"{kinds or 'changes'} ({analysis.recommendation.bottleneck}-bound)"
@@ -327,7 +339,7 @@ def agent_context(
         timed_sizes=dict(meta.sizes) if meta else {},
     )
     best: tuple[float, int, str | None] | None = None
-    previous: VerifyRecord | None = None
+    previous: str | None = None
     previous_analysis: AnalysisRecord | None = None
     for r in range(rounds):
         folder = run_dir / f"r{r}"
@@ -338,19 +350,19 @@ def agent_context(
         profiled = _read(folder / "profile.json", ProfileRecord)
         timing = profiled.profile.candidate if profiled and profiled.profile else None
         ms = _round3(timing.median_ms) if timing else None
-        verdict = verified.verdict.reason if verified else cand.extraction
+        verdict = round_outcome(verified, profiled) or cand.extraction
         if cand.source is None:
             verdict = cand.extraction
         context.ledger.append(Attempt(
             round=r, mode=cand.mode, tried=_tried(cand.mode, previous, previous_analysis),
             verdict=verdict, candidate_ms=ms,
         ))
-        if ms is not None and verified is not None and verified.verdict.ok:
+        if ms is not None and verified is not None and verified.verdict.ok and verdict == "ok":
             if best is None or ms < best[0]:
                 best = (ms, r, cand.source)
         if r == rounds - 1:
             _timings(context, profiled, verified, ctx.config.policy)
-        previous, previous_analysis = verified, _read(folder / "analysis.json", AnalysisRecord)
+        previous, previous_analysis = verdict, _read(folder / "analysis.json", AnalysisRecord)
     if best is not None:
         context.ledger[best[1]].best = True
         if best[1] != rounds - 1 and best[2]:

@@ -1,7 +1,9 @@
 """Stage `refine`: round N+1 from round N.
 
-- Round N failed (no code, compile error, verification failure) and the functional budget is
-  not spent: a *repair* pass, the errors fed back to the generation agent.
+- Round N failed (no code, compile error, verification failure, or a verified candidate whose
+  checked timing failed: ``stale_output``, ``timing_inconsistent``, ``beats_roofline``, ...) and
+  the functional budget is not spent: a *repair* pass, the errors fed back to the generation
+  agent (a timing failure as a ``profile`` feedback item with the profiler's reason code).
 - Round N verified and the optimisation budget is not spent and the analysis recommended
   something: an *optimize* pass, the recommendations fed to the generation agent.
 - Otherwise the candidate is *carried* forward unchanged: its kernel.py is byte-identical, so
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kforge.schema import Feedback, GenerationRequest, GenerationResult, Transcript
+from kforge.schema import Feedback, GenerationRequest, GenerationResult, Profile, Transcript
 from kforge.stages.agent_calls import (
     agent_context,
     generate_cached,
@@ -25,6 +27,7 @@ from kforge.stages.records import (
     CandidateRecord,
     CompileRecord,
     Mode,
+    ProfileRecord,
     VerifyRecord,
 )
 
@@ -32,13 +35,28 @@ from kforge.stages.records import (
 NOT_THE_CANDIDATES_FAULT = frozenset({"no_device", "platform_unavailable", "harness_error"})
 
 
-def _feedback(ctx: StageContext, compiled: CompileRecord, verified: VerifyRecord, extraction: str) -> list[Feedback]:
+def timing_failure(profiled: ProfileRecord | None) -> Profile | None:
+    """The profile of a verified candidate whose timing was rejected for something the candidate
+    did (a timed call's stale answer, claims the parent's clock contradicts, a time below the
+    roofline, ...); None when it was timed, skipped, or failed for the host's reasons."""
+    prof = profiled.profile if profiled is not None else None
+    if prof is None or prof.ok or prof.reason in NOT_THE_CANDIDATES_FAULT:
+        return None
+    return prof
+
+
+def _feedback(ctx: StageContext, compiled: CompileRecord, verified: VerifyRecord, extraction: str,
+              timing: Profile | None = None) -> list[Feedback]:
     if compiled.reason == "no_candidate":
         return [Feedback(stage="generate", reason=extraction, detail="The reply held no usable candidate module.")]
     if not compiled.ok:
         log = ctx.store.get_text(compiled.log) if compiled.log else ""
         return [Feedback(stage="compile", reason=compiled.reason, detail=log)]
     v = verified.verdict
+    if v.ok and timing is not None:
+        return [Feedback(stage="profile", reason=timing.reason, detail=(
+            "The candidate passed verification, but its timed run was rejected: "
+            f"{timing.detail or timing.reason}"))]
     return [Feedback(stage="verify", reason=v.reason, detail=v.detail)]
 
 
@@ -66,13 +84,21 @@ def run_refine(
     compiled = read_record(prev_dir / "compile.json", CompileRecord)
     verified = read_record(prev_dir / "verify.json", VerifyRecord)
     analysis = read_record(prev_dir / "analysis.json", AnalysisRecord)
+    profiled = read_record(prev_dir / "profile.json", ProfileRecord) if (prev_dir / "profile.json").is_file() else None
+    timing = timing_failure(profiled) if verified.verdict.ok else None
     budgets = ctx.config.rounds
     functional_used, optimization_used = prev.functional_used, prev.optimization_used
 
     mode: Mode = "carry"
     why = ""
     feedback: list[Feedback] = []
-    if verified.verdict.ok:
+    if timing is not None:  # verified, but the checked timing caught it: repair, as a failure
+        if functional_used >= budgets.functional:
+            why = f"functional (repair) budget spent (timing rejected: {timing.reason})"
+        else:
+            mode, functional_used = "repair", functional_used + 1
+            feedback = _feedback(ctx, compiled, verified, prev.extraction, timing)
+    elif verified.verdict.ok:
         rec = analysis.recommendation
         if optimization_used >= budgets.optimization:
             why = "optimisation budget spent"
@@ -116,6 +142,8 @@ def run_refine(
         "verify": record_digest(prev_dir / "verify.json"),
         "analysis": record_digest(prev_dir / "analysis.json"),
     }
+    if profiled is not None:
+        used["profile"] = record_digest(prev_dir / "profile.json")
     return write_candidate(
         ctx,
         agent=prev.agent,

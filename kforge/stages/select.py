@@ -91,9 +91,14 @@ def inputs_manifest(ctx: StageContext, agent: str, round_dir: Path, device: str)
     return store.put_json(manifest)
 
 
-def _status_without_winner(verdicts: list[VerifyRecord]) -> tuple[str, str]:
+def _status_without_winner(verdicts: list[VerifyRecord], profiles: list[ProfileRecord] | None = None) -> tuple[str, str]:
     reasons = [v.verdict.reason for v in verdicts]
     last = verdicts[-1].verdict
+    rejected = [p.profile for v, p in zip(verdicts, profiles or [], strict=False)
+                if v.verdict.ok and p.profile is not None and not p.profile.ok
+                and p.profile.reason not in ("beats_roofline", "harness_error")]
+    if rejected and not any(r == "no_device" for r in reasons):  # verified, but the timing caught it
+        return "failed", f"verified, but the checked timing rejected it: {rejected[-1].reason}: {rejected[-1].detail}"[:500]
     if all(r == "platform_unavailable" for r in reasons):
         return "unavailable", last.detail
     if "no_device" in reasons:
@@ -133,7 +138,7 @@ def run_select(
     eligible = sorted((ms, i) for ms, i in timed if i not in flagged)
     nondeterministic = is_nondeterministic(problem_record)
     if not eligible or nondeterministic:
-        status, detail = _status_without_winner(verdicts)
+        status, detail = _status_without_winner(verdicts, profiles)
         if flagged:
             status, detail = "roofline_flagged", "every verified round beat the roofline: not trusted, not shipped"
         verified = status == "verified_interpreted"
