@@ -33,13 +33,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 TOL = {"strict": 1e-4, "relaxed": 1e-2}
 POLICIES = ("strict", "relaxed")
 # The precision ladder: each policy's GEMM steps, cheapest first; the first that passes is kept.
-LADDER = {"strict": ("tf32x3", "ieee"), "relaxed": ("bf16", "bf16x3", "tf32x3")}
+LADDER = {"strict": ("bf16x3", "tf32x3", "ieee"), "relaxed": ("bf16", "bf16x2", "tf32", "bf16x3", "tf32x3")}
+
+
+ONLY: set[str] = set()  # --only: problem id prefixes (001,020) to restrict a run to
 
 
 def gemm_problems(folder: Path) -> list[Path]:
     """The suite's GEMM / matmul / bmm + tail problems (convolutions are out of scope)."""
     out = []
     for path in sorted(folder.glob("*.py")):
+        if ONLY and path.stem.split("_")[0] not in ONLY:
+            continue
         text = path.read_text()
         if "conv" in path.name or "Conv" in text:
             continue
@@ -51,6 +56,7 @@ def gemm_problems(folder: Path) -> list[Path]:
 def generate(folder: Path, to: Path) -> None:
     from kforge.agents.expert.graph import UnsupportedError
     from kforge.agents.expert.planner import plan_problem
+    from kforge.agents.expert.compiler import set_precision
     from kforge.agents.expert.triton_matmul import check_knobs
     from kforge.agents.expert.triton_render import default_knobs, render_triton
 
@@ -68,7 +74,7 @@ def generate(folder: Path, to: Path) -> None:
             (to / policy).mkdir(parents=True, exist_ok=True)
             for step in LADDER[policy]:
                 knobs = default_knobs(program, policy)
-                knobs = {n: check_knobs({**kv, "precision": step}, policy) if "precision" in kv else kv
+                knobs = {n: check_knobs(set_precision(program, n, kv, step), policy) if "precision" in kv else kv
                          for n, kv in knobs.items()}
                 code = render_triton(program, knobs, policy, source)
                 (to / policy / f"{path.stem}.{step}.py").write_text(code)
@@ -235,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cands", type=Path)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--deadline", type=float, default=540)
+    ap.add_argument("--only", default="", help="comma-separated problem ids (001,020): only these")
     a = ap.parse_args(argv)
+    ONLY.update(x for x in a.only.split(",") if x)
     if a.step == "generate":
         generate(a.path, a.to)
     elif a.step == "run":

@@ -96,9 +96,11 @@ def test_precision_ladder_steps_up_after_a_mismatch() -> None:
     up = AGENT.generate(req.model_copy(update=dict(round=1, previous_plan=first.plan, feedback=fb)))
     assert up.plan["knobs"][name]["precision"] == "bf16x2" and "precision -> bf16x2" in up.plan["notes"][-1]
     assert up.plan["failed_precisions"] == ["bf16"]
-    again = AGENT.generate(req.model_copy(update=dict(round=2, previous_plan=up.plan, feedback=fb)))
-    assert again.plan["knobs"][name]["precision"] == "bf16x3"
-    assert again.plan["failed_precisions"] == ["bf16", "bf16x2"]
+    tf32 = AGENT.generate(req.model_copy(update=dict(round=2, previous_plan=up.plan, feedback=fb)))
+    assert tf32.plan["knobs"][name]["precision"] == "tf32" and tf32.plan["knobs"][name]["precast"] == 0
+    again = AGENT.generate(req.model_copy(update=dict(round=3, previous_plan=tf32.plan, feedback=fb)))
+    assert again.plan["knobs"][name]["precision"] == "bf16x3" and again.plan["knobs"][name]["BLOCK_K"] == 32
+    assert again.plan["failed_precisions"] == ["bf16", "bf16x2", "tf32"]
     # a wide margin after passing tries one step down, but never a step that already failed
     ok = req.model_copy(update=dict(round=3, previous_plan=again.plan, feedback=[], verified_margin=0.001))
     assert AGENT.generate(ok).plan["knobs"][name]["precision"] == "bf16x3"
@@ -122,7 +124,7 @@ def test_step_down_and_up_follow_the_policy() -> None:
     assert step_up("bf16", "relaxed") == "bf16x2"
     assert step_down("tf32x3", "strict", 0.001) == "bf16x3"
     assert step_down("bf16x3", "strict", 0.001) is None  # nothing cheaper is strict
-    assert step_down("bf16x3", "relaxed", 0.001) == "bf16x2"
+    assert step_down("bf16x3", "relaxed", 0.001) == "tf32"
     assert step_down("bf16x3", "relaxed", 0.5) is None and step_down("bf16x3", "relaxed", None) is None
 
 

@@ -51,9 +51,10 @@ def test_generated_source_passes_platform_static_check(name: str, policy: str) -
 
 def test_strict_policy_rejects_lossy_precision() -> None:
     ir = trace("gemm_bias_relu")
-    for precision in ("tf32", "bf16", "bf16x3"):
+    for precision in ("tf32", "bf16", "bf16x2"):
         with pytest.raises(PlanError, match="not allowed under the strict policy"):
             generate_triton(ir, {"precision": precision}, "strict")
+    assert "a_lo" in generate_triton(ir, {"precision": "bf16x3"}, "strict")  # a split product is strict
     assert "input_precision='tf32x3'" in generate_triton(ir, {}, "strict")
     assert "tl.bfloat16" in generate_triton(ir, {}, "relaxed")
 

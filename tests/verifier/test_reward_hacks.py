@@ -134,3 +134,16 @@ def test_11_speedup_beating_the_roofline_is_flagged() -> None:
     fast_host = Peaks(host="h", device="cpu", device_name="x", copy_gbps=1e5, matmul_gflops=1e6)
     honest = roofline(Profile(ok=True, candidate=t, flops=1e9, min_bytes=1e8), fast_host)
     assert honest.ok and honest.extra["beats_roofline"] is False
+
+
+def test_8b_split_bf16_products_are_left_to_the_numbers_under_strict() -> None:
+    from kforge.verifier.checks import splits_into_bf16_parts
+
+    split = honest_with("        hi = y.to(torch.bfloat16)\n        lo = (y - hi.to(torch.float32)).to(torch.bfloat16)\n"
+                        "        return hi.to(torch.float32) + lo.to(torch.float32)")
+    assert "precision_below_policy" not in _codes(split)  # bf16x3-style split: the numbers decide
+    plain = honest_with("        return y.to(torch.bfloat16).to(torch.float32)")
+    assert "precision_below_policy" in _codes(plain)
+    assert verify(plain).reason == "precision_below_policy"
+    import ast
+    assert not splits_into_bf16_parts(ast.parse("y = x - z.to(torch.float32)"))  # no bf16 anywhere

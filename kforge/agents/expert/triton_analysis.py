@@ -63,7 +63,8 @@ def _gemm_actions(
 ) -> list[Action]:
     actions: list[Action] = []
     precision = str(plan.get("precision", "tf32x3"))
-    if policy == "relaxed" and precision in ("ieee", "tf32x3", "tf32"):
+    failed = set(plan.get("failed_precisions") or [])  # the ladder never goes back to these
+    if policy == "relaxed" and precision in ("ieee", "tf32x3", "tf32") and "bf16" not in failed:
         actions.append(
             Action(
                 kind="precision",
@@ -73,7 +74,7 @@ def _gemm_actions(
                 "tensor rate; if verification then fails on accuracy, use bf16x3 (hi/lo split, ~1e-5)",
             )
         )
-    elif policy == "strict" and precision == "ieee":
+    elif policy == "strict" and precision == "ieee" and "tf32x3" not in failed:
         actions.append(
             Action(
                 kind="precision",
@@ -102,7 +103,7 @@ def _gemm_actions(
                 )
             )
             return actions
-    if precision in ("tf32x3", "bf16x3"):
+    if precision == "tf32x3" or (precision == "bf16x3" and not plan.get("precast")):
         # Split modes hold 2-3x the operand registers: on the H200 (benchmarks/results/
         # gemm_epilogue_h200.md) 128x256 tiles lost 25% to 128x128, and 128x64 with 4 warps won.
         if (bm, bn) != (128, 64):
