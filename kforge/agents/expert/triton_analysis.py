@@ -24,6 +24,7 @@ PEAK_GFLOPS = {
     "tf32x3": 400_000.0 / 3,
     "tf32": 400_000.0,
     "bf16": 790_000.0,
+    "bf16x2": 790_000.0 / 2,
     "bf16x3": 790_000.0 / 3,
 }
 PEAK_GBPS = 4_300.0
@@ -225,7 +226,13 @@ def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommenda
     )
     if baseline:
         evidence["speedup"] = baseline / ms
-    expected_kernels = 3 if kind == "gemm" and plan.get("precast") else 1
+    planned = plan.get("kernels")
+    if isinstance(planned, list) and planned:  # the compiler's plan: its kernels, plus two precasts per bf16 GEMM
+        precasts = sum(2 for kv in (plan.get("knobs") or {}).values()
+                       if isinstance(kv, dict) and kv.get("precast") and str(kv.get("precision", "")).startswith("bf16"))
+        expected_kernels = len(planned) + precasts
+    else:
+        expected_kernels = 3 if kind == "gemm" and plan.get("precast") else 1
     if len(profile.kernels) > expected_kernels:
         return Recommendation(
             bottleneck="launch",
