@@ -97,7 +97,7 @@ def test_precision_ladder_steps_up_after_a_mismatch() -> None:
     assert up.plan["knobs"][name]["precision"] == "bf16x2" and "precision -> bf16x2" in up.plan["notes"][-1]
     assert up.plan["failed_precisions"] == ["bf16"]
     tf32 = AGENT.generate(req.model_copy(update=dict(round=2, previous_plan=up.plan, feedback=fb)))
-    assert tf32.plan["knobs"][name]["precision"] == "tf32" and tf32.plan["knobs"][name]["precast"] == 0
+    assert tf32.plan["knobs"][name]["precision"] == "tf32" and tf32.plan["knobs"][name]["BLOCK_K"] == 32
     again = AGENT.generate(req.model_copy(update=dict(round=3, previous_plan=tf32.plan, feedback=fb)))
     assert again.plan["knobs"][name]["precision"] == "bf16x3" and again.plan["knobs"][name]["BLOCK_K"] == 32
     assert again.plan["failed_precisions"] == ["bf16", "bf16x2", "tf32"]

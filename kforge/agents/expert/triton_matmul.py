@@ -14,10 +14,12 @@ epilogue's stores run on the finished tile. Precision modes (the ``precision`` k
 
 Strict admits a step when its designed error is below the strict tolerance (1e-4); whether a
 problem's output actually meets it is the verifier's call, and a mismatch moves the ladder up
-(:mod:`.compiler`). The ``precast`` knob (bf16 steps only) rounds / splits each operand once per
-call in a small pass (``_kf_precast``: fp32 -> bf16 hi [and lo], laid out along the operand's
-contiguous dimension) so the K loop streams half the bytes and feeds the tensor cores straight
-from shared memory; without it the K loop loads fp32 and converts every tile in registers.
+(:mod:`.compiler`). The ``precast`` knob prepares each operand once per call in a small pass
+(``_kf_precast``): on the bf16 steps it rounds / splits it to bf16 hi [and lo], laid out along
+its contiguous dimension, so the K loop streams half the bytes and feeds the tensor cores
+straight from shared memory (without it the K loop loads fp32 and converts every tile in
+registers); on the fp32 steps it copies an operand whose K is not its contiguous dimension into a
+K-major one (TF32 tensor-core operands must be K-major; a transposed tile costs 1.5-4x).
 
 The CPU interpreter's bf16 ``tl.dot`` is wrong (Triton 3.9), so under ``TRITON_INTERPRET=1``
 bf16 products are computed as fp32 products of the bf16-rounded operands: the same
@@ -70,7 +72,7 @@ def step_knobs(knobs: dict[str, Any], precision: str, m: int, n: int) -> dict[st
     """``knobs`` moved to ``precision`` with that step's tiles (a new step is a new kernel)."""
     bm, bn, bk, warps, stages = STEP_TILES[precision]
     out = {**knobs, "precision": precision, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-           "num_warps": warps, "num_stages": stages, "precast": int(precision in BF16_STEPS)}
+           "num_warps": warps, "num_stages": stages, "precast": 1}
     if m <= 64 or n <= 64:  # skinny: smaller tiles keep more programs busy
         out.update(BLOCK_M=64 if m > 64 else 32, BLOCK_N=64 if n > 64 else 32, num_warps=4)
     return fit_shared_memory(out)
@@ -149,43 +151,55 @@ def loop_body(precision: str, precast: bool = False) -> list[str]:
 PRECAST_HELPER = '''
 @triton.jit
 def _kf_precast_kernel(src, hi, lo, off, R, C, s_b, s_r, s_c, d_b, d_r, d_c,
-                       BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT: tl.constexpr):
+                       BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, MODE: tl.constexpr):
     b = tl.program_id(2).to(tl.int64)
     r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)[:, None]
     c = (tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)[None, :]
     mask = (r < R) & (c < C)
     x = tl.load(src + off + b * s_b + r * s_r + c * s_c, mask=mask, other=0.0).to(tl.float32)
-    h = x.to(tl.bfloat16)
-    tl.store(hi + b * d_b + r * d_r + c * d_c, h, mask=mask)
-    if SPLIT:
-        tl.store(lo + b * d_b + r * d_r + c * d_c, (x - h.to(tl.float32)).to(tl.bfloat16), mask=mask)
+    if MODE == 0:  # fp32 copy in another layout
+        tl.store(hi + b * d_b + r * d_r + c * d_c, x, mask=mask)
+    else:
+        h = x.to(tl.bfloat16)
+        tl.store(hi + b * d_b + r * d_r + c * d_c, h, mask=mask)
+        if MODE == 2:
+            tl.store(lo + b * d_b + r * d_r + c * d_c, (x - h.to(tl.float32)).to(tl.bfloat16), mask=mask)
 
 
-def _kf_precast(src, off, strides, nb, rows, cols, split):
-    """One operand as bf16 hi [and lo], laid out along its contiguous dimension; -> (hi, lo, strides)."""
+def _kf_precast(src, off, strides, nb, rows, cols, mode, k_dim):
+    """One operand for the K loop -> (hi, lo, strides, offset). mode 1 / 2: bf16 hi [and lo],
+    laid out along the operand's contiguous dimension; mode 0 (fp32 steps): the operand as it is
+    when K (``k_dim``: 1 rows, 2 cols) is its contiguous dimension, else an fp32 copy with K
+    contiguous (TF32 tensor-core operands must be K-major in shared memory)."""
     s_b, s_r, s_c = strides
     nb = 1 if s_b == 0 else nb
-    row_major = s_c == 1 or (s_r != 1 and s_c <= s_r)
+    if mode == 0:
+        if (s_c if k_dim == 2 else s_r) == 1 or rows * cols <= 1:
+            return src, src, strides, off
+        row_major = k_dim == 2
+    else:
+        row_major = s_c == 1 or (s_r != 1 and s_c <= s_r)
     shape = (nb, rows, cols) if row_major else (nb, cols, rows)
-    hi = torch.empty(shape, dtype=torch.bfloat16, device=src.device)
-    lo = torch.empty(shape, dtype=torch.bfloat16, device=src.device) if split else hi
+    dtype = torch.float32 if mode == 0 else torch.bfloat16
+    hi = torch.empty(shape, dtype=dtype, device=src.device)
+    lo = torch.empty(shape, dtype=dtype, device=src.device) if mode == 2 else hi
     d = (rows * cols, cols, 1) if row_major else (rows * cols, 1, rows)
     grid = (triton.cdiv(rows, 64), triton.cdiv(cols, 64), nb)
     _kf_precast_kernel[grid](src, hi, lo, off, rows, cols, s_b, s_r, s_c, *d,
-                             BLOCK_R=64, BLOCK_C=64, SPLIT=split, num_warps=4)
-    return hi, lo, ((0 if s_b == 0 else d[0]), d[1], d[2])
+                             BLOCK_R=64, BLOCK_C=64, MODE=mode, num_warps=4)
+    return hi, lo, ((0 if s_b == 0 else d[0]), d[1], d[2]), 0
 '''
 
 
 def uses_precast(knobs: dict[str, dict[str, Any]]) -> bool:
-    return any(kv.get("precast") and kv.get("precision") in BF16_STEPS for kv in knobs.values())
+    return any(kv.get("precast") and "precision" in kv for kv in knobs.values())
 
 
 def gemm_kernel(k: GemmKernel, knobs: dict[str, Any], policy: str) -> tuple[str, list[str]]:
     from kforge.agents.expert.triton_render import Args, _resolver
 
     precision = knobs["precision"]
-    precast = bool(knobs.get("precast")) and precision in BF16_STEPS
+    precast = bool(knobs.get("precast"))
     args = Args()
     if not precast:
         args.buffer(k.a.buffer)
@@ -202,21 +216,21 @@ def gemm_kernel(k: GemmKernel, knobs: dict[str, Any], policy: str) -> tuple[str,
         return str(e.v) if e.op == "const" else f"({py_expr(e.v)})"
 
     if precast:
-        split_a, split_b = SPLITS[precision]
-        operands = "pa_hi, pa_lo, pb_hi, pb_lo, sa0, sa1, sa2, sb0, sb1, sb2, "
+        split_a, split_b = SPLITS.get(precision, (False, False))
+        operands = "pa_hi, pa_lo, pb_hi, pb_lo, sa0, sa1, sa2, sb0, sb1, sb2, oa, ob, "
         sa, sb = ["sa0", "sa1", "sa2"], ["sb0", "sb1", "sb2"]
-        a_base, b_base = "pa_hi + bb * sa0", "pb_hi + bb * sb0"
-        loads = {"a": ["a_hi"] + (["a_lo"] if split_a else []), "b": ["b_hi"] + (["b_lo"] if split_b else [])}
+        if precision in BF16_STEPS:
+            loads = {"a": ["a_hi"] + (["a_lo"] if split_a else []), "b": ["b_hi"] + (["b_lo"] if split_b else [])}
+        else:  # fp32 operands, K-major
+            loads = {"a": ["a"], "b": ["b"]}
     else:
         operands = ""
         sa = [stride(e) for e in k.a.strides]
         sb = [stride(e) for e in k.b.strides]
-        a_base = f"{k.a.buffer} + {stride(k.a.offset)} + bb * {sa[0]}"
-        b_base = f"{k.b.buffer} + {stride(k.b.offset)} + bb * {sb[0]}"
         loads = {"a": ["a"], "b": ["b"]}
     emit = TritonEmitter(_resolver(args, {"e0": "bb", "e1": "rm2", "e2": "rn2"}, {"acc": "acc"}), "out_mask")
     stores = [f"    tl.store({st.buffer} + {emit.index(st.index)}, {emit(st.value)}, mask=out_mask)" for st in k.stores]
-    body = "\n".join("        " + line for line in loop_body(precision, precast))
+    body = "\n".join("        " + line for line in loop_body(precision, precast and precision in BF16_STEPS))
     M, N, K = sizes["M"], sizes["N"], sizes["K"]
 
     def load_lines(masked: bool) -> str:
@@ -231,8 +245,8 @@ def gemm_kernel(k: GemmKernel, knobs: dict[str, Any], policy: str) -> tuple[str,
             out.append(f"            {name} = tl.load({ptr}{mask})")
         return "\n".join(out).replace("K_LEFT", f"{K} - k0")
 
-    a_rel = f"(bb * {sa[0]}" + (f" + {stride(k.a.offset)}" if not precast else "") + ")"
-    b_rel = f"(bb * {sb[0]}" + (f" + {stride(k.b.offset)}" if not precast else "") + ")"
+    a_rel = f"(bb * {sa[0]} + " + ("oa" if precast else stride(k.a.offset)) + ")"
+    b_rel = f"(bb * {sb[0]} + " + ("ob" if precast else stride(k.b.offset)) + ")"
     src = f"""@triton.jit
 def {k.name}({operands}{args.params()},
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -272,11 +286,13 @@ def {k.name}({operands}{args.params()},
     launch: list[str] = []
     call_operands = ""
     if precast:
-        for op, name, rows, cols, split in (("a", k.a, k.m, k.k, split_a), ("b", k.b, k.k, k.n, split_b)):
+        bf16 = precision in BF16_STEPS
+        for op, name, rows, cols, split, k_dim in (("a", k.a, k.m, k.k, split_a, 2), ("b", k.b, k.k, k.n, split_b, 1)):
             st = ", ".join(py_stride(e) for e in name.strides)
-            launch.append(f"_p{op}_hi, _p{op}_lo, _s{op} = _kf_precast({name.buffer}, {py_stride(name.offset)}, ({st}), "
-                          f"{batch}, {py_expr(rows)}, {py_expr(cols)}, {split})")
-        call_operands = "_pa_hi, _pa_lo, _pb_hi, _pb_lo, *_sa, *_sb, "
+            mode = (2 if split else 1) if bf16 else 0
+            launch.append(f"_p{op}_hi, _p{op}_lo, _s{op}, _o{op} = _kf_precast({name.buffer}, {py_stride(name.offset)}, ({st}), "
+                          f"{batch}, {py_expr(rows)}, {py_expr(cols)}, {mode}, {k_dim})")
+        call_operands = "_pa_hi, _pa_lo, _pb_hi, _pb_lo, *_sa, *_sb, _oa, _ob, "
     launch.append(f"{k.name}[{grid}]({call_operands}{args.launch_args()}, BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, "
                   f"GROUP_M={knobs['GROUP_M']}, EVEN_K={even}, INTERPRETED=_INTERPRETED, "
                   f"num_warps={knobs['num_warps']}, num_stages={knobs['num_stages']})")
