@@ -11,6 +11,17 @@ written once; what any kernel, however fused, must move.
 
 Both are measured on the ``meta`` device, so even full (GPU-scale) sizes cost nothing; a
 problem whose forward cannot run on meta is measured on the CPU instead.
+
+Rewritten work: the FLOPs are those a kernel must really do, and an algebraic identity can
+remove most of the reference's (a sum over the outputs of a linear layer is a GEMV with the
+summed weight: ``kforge.agents.expert.rewrites``, rule ``sum_through_linear``). A roofline
+floor on the reference's GEMM FLOPs would flag such a correct candidate as faster than
+possible, so when the reference runs both a matmul and a sum or mean, the same rewrite rules
+are applied to the problem's own graph (captured at its effective sizes) and the counted FLOPs
+are scaled by the rules' work ratio (after / before, from :func:`~kforge.agents.expert.
+rewrites.work`). It depends on the problem alone, never on a candidate's claims; the rules hold
+for every input, so no honest kernel can need more work than that. The minimum bytes are
+unchanged (the rewritten program still reads every input and parameter once).
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ from torch.utils.flop_counter import FlopCounterMode
 if TYPE_CHECKING:
     from kforge.problems import LoadedProblem
 
-__all__ = ["count_costs", "count_flops", "flops_and_bytes", "generic_shrink", "tensor_bytes"]
+__all__ = ["count_costs", "count_flops", "flops_and_bytes", "generic_shrink", "rewritten_work", "tensor_bytes"]
 
 CI_MAX_INPUT_ELEMENTS = 2**20
 CI_MAX_PARAM_ELEMENTS = 2**22
@@ -52,11 +63,13 @@ class _PointwiseCounter(TorchDispatchMode):
         super().__init__()
         self.known = known
         self.flops = 0.0
+        self.seen: set[str] = set()  # every op name run (the rewrite gate reads it)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         out = func(*args, **(kwargs or {}))
         packet = func.overloadpacket
         name = packet.__name__
+        self.seen.add(name)
         if packet in self.known or func.is_view or name in _FREE:
             return out
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
@@ -77,6 +90,10 @@ def tensor_bytes(value: Any) -> int:
 
 def count_costs(model: torch.nn.Module, inputs: list[Any]) -> tuple[float, float, Any]:
     """Run ``model(*inputs)`` once under the counters: (flops, min_bytes, output)."""
+    return _count(model, inputs)[:3]  # type: ignore[return-value]
+
+
+def _count(model: torch.nn.Module, inputs: list[Any]) -> tuple[float, float, Any, set[str]]:
     counter = FlopCounterMode(display=False)
     pointwise = _PointwiseCounter(set(counter.flop_registry))
     with torch.no_grad(), counter, pointwise:
@@ -84,7 +101,28 @@ def count_costs(model: torch.nn.Module, inputs: list[Any]) -> tuple[float, float
     state = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
     state_bytes = sum(t.numel() * t.element_size() for t in state.values())
     min_bytes = tensor_bytes(inputs) + state_bytes + tensor_bytes(output)
-    return float(counter.get_total_flops()) + pointwise.flops, float(min_bytes), output
+    return float(counter.get_total_flops()) + pointwise.flops, float(min_bytes), output, pointwise.seen
+
+
+MATMULS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "mv", "addmv", "dot"}
+SUMS = {"sum", "mean"}
+
+
+def rewritten_work(module: types.ModuleType) -> float:
+    """The share of the reference's work left after the expert's algebraic rewrites
+    (``after / before`` of :func:`kforge.agents.expert.rewrites.work` on the problem's own
+    graph at its effective sizes); 1.0 when no rule removes work or the graph cannot be built."""
+    try:
+        from kforge.agents.expert.capture import capture_namespace
+        from kforge.agents.expert.ir import build_graph
+        from kforge.agents.expert.rewrites import apply_rewrites, work
+
+        graph = build_graph(capture_namespace(vars(module)), rewrite=False)
+        before = work(graph)
+        after = work(apply_rewrites(graph))
+    except Exception:  # noqa: BLE001 - outside the IR (a convolution...): nothing rewritten
+        return 1.0
+    return after / before if 0 < after < before else 1.0
 
 
 def count_flops(model: torch.nn.Module, inputs: list[Any]) -> float:
@@ -112,10 +150,12 @@ def flop_fraction(module: types.ModuleType) -> float:
 def flops_and_bytes(problem: LoadedProblem) -> tuple[float, float]:
     """(FLOPs, minimum bytes) of one reference forward at the problem's effective sizes."""
     try:
-        flops, nbytes, _ = count_costs(*_build(problem.module, "meta"))
+        flops, nbytes, _, seen = _count(*_build(problem.module, "meta"))
     except Exception:  # noqa: BLE001 - some forwards cannot run on meta: count on the CPU
         torch.manual_seed(0)
-        flops, nbytes, _ = count_costs(*_build(problem.module, "cpu"))
+        flops, nbytes, _, seen = _count(*_build(problem.module, "cpu"))
+    if seen & MATMULS and seen & SUMS:  # the one shape of graph a rule takes work out of
+        flops *= rewritten_work(problem.module)
     return flops * flop_fraction(problem.module), nbytes
 
 

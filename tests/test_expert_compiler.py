@@ -172,12 +172,13 @@ def test_triton_candidates_match_at_two_sizes(case: str, tmp_path: Path):
 
 
 def test_init_inputs_baked_into_kernels_are_refused_when_different(tmp_path: Path):
-    """GroupNorm's group count reaches the forward as a plain number: the candidate is built
-    for it and says so, instead of computing wrong groups for another count."""
+    """A pooling window from the init inputs is a loop extent the trace pins to its value: the
+    candidate is built for it and says so, instead of pooling wrong windows for another one.
+    (A group count stays a symbol: tests/test_expert_rewrites.py.)"""
     from kforge.agents.expert.triton_render import default_knobs, render_triton
 
-    src = problem("self.gn = nn.GroupNorm(args[0], args[1])", "return self.gn(x)",
-                  "[torch.randn(4, 32, 3)]", "[8, 32]")
+    src = problem("self.pool = nn.MaxPool1d(args[0], 2)", "return self.pool(x)",
+                  "[torch.randn(4, 32, 12)]", "[8, 32]")
     prog = plan_problem(src)
     assert prog.fixed_init == {0: 8}
     path = tmp_path / "cand_gn.py"

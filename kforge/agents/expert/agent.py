@@ -108,6 +108,7 @@ class ExpertAgent:
             return GenerationResult(source=None, extraction=reason, plan={},
                                     transcript=self._transcript("generate", messages, reason, error=reason))
         plan = plan_record(program, knobs, notes, request.platform, failed_precisions(request))
+        plan["rewrites"], plan["rewrite_notes"] = list(program.rewrites), list(program.rewrite_notes)
         return GenerationResult(source=source, extraction="ok", plan=plan,
                                 transcript=self._transcript("generate", messages, source))
 

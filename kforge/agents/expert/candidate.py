@@ -70,10 +70,13 @@ def py_expr(expr: Any) -> str:
     raise UnsupportedError(f"size expression {e} ({type(e).__name__})")
 
 
-def reference_init(problem_source: str, fixed_init: dict[int, int] | None = None) -> tuple[list[str], str]:
+def reference_init(problem_source: str, fixed_init: dict[int, int] | None = None,
+                   keep_args: bool = False) -> tuple[list[str], str]:
     """The problem's import lines and ``Model.__init__`` (``def`` included), with
     ``super(Model, self)`` written ``super()`` so it initialises ``ModelNew``; with
-    ``fixed_init`` (init inputs baked into the kernels), it ends by refusing other values."""
+    ``fixed_init`` (init inputs baked into the kernels), it ends by refusing other values; with
+    ``keep_args``, it keeps its positional arguments as ``self._kf_init`` (sizes that only the
+    constructor's arguments carry, such as a group count, are read from there)."""
     tree = ast.parse(problem_source)
     imports = [ast.get_source_segment(problem_source, n) or "" for n in tree.body
                if isinstance(n, ast.Import | ast.ImportFrom)]
@@ -92,6 +95,10 @@ def reference_init(problem_source: str, fixed_init: dict[int, int] | None = None
                             item.body.extend(ast.parse(
                                 f"if {name} != {want!r}:\n    raise ValueError("
                                 f"'this candidate was compiled for {name} = {want}, got ' + repr({name}))").body)
+                    if keep_args:  # taken first: the body may rebind a name
+                        packed = ", ".join([*params, *([f"*{star}"] if star else [])])
+                        item.body.insert(0, ast.parse(f"_kf_init = ({packed}{',' if packed else ''})").body[0])
+                        item.body.extend(ast.parse("self._kf_init = _kf_init").body)
                     return imports, ast.unparse(item) + "\n"
     return imports, "def __init__(self, *args, **kwargs):\n    super().__init__()\n"
 
@@ -133,6 +140,10 @@ def forward_source(program: Program, arg_names: list[str], launch: Callable[[Ker
         ph_exprs.append(name)
     for sym, (index, dim, scale) in sorted(program.sources.items(), key=lambda kv: str(kv[0])):
         lines.append(f"{sym} = {ph_exprs[index]}.shape[{dim}]" + (f" // {scale}" if scale != 1 else ""))
+    for sym, index in sorted(program.init_sources.items(), key=lambda kv: str(kv[0])):
+        lines.append(f"{sym} = int(self._kf_init[{index}])")
+    for sym, (a, b) in sorted(program.derived.items(), key=lambda kv: str(kv[0])):
+        lines.append(f"{sym} = {a} // {b}")
     for buf in program.buffers.values():
         if buf.kind == "temp":
             shape = ", ".join(py_expr(s) for s in buf.shape)
@@ -149,7 +160,7 @@ def forward_source(program: Program, arg_names: list[str], launch: Callable[[Ker
 def model_new_source(program: Program, problem_source: str, launch: Callable[[Kernel], list[str]],
                      device_line: str, bind: Callable[[str], str] = lambda e: e) -> tuple[list[str], str]:
     """(the problem's imports, the ``ModelNew`` class source)."""
-    imports, init = reference_init(problem_source, program.fixed_init)
+    imports, init = reference_init(problem_source, program.fixed_init, keep_args=bool(program.init_sources))
     arg_names = [f"x{i}" for i in range(len(program.inputs))]
     head = f"    def forward(self, {', '.join(arg_names)}):\n        {device_line}\n"
     body = forward_source(program, arg_names, launch, bind)

@@ -14,6 +14,17 @@ The model is traced in the mode its constructor leaves it in (KernelBench never 
 running buffers, which appear in the graph as in-place updates of parameter placeholders.
 A reference that draws random numbers (Dropout with p > 0 in training mode) is refused with
 :class:`NondeterministicReference`: no kernel can be asked to match random numbers.
+
+Integer init inputs are size symbols passed to the trace as arguments of their own, so a
+forward that uses one as a number (InstanceNorm's feature check, GroupNorm's group count,
+``x * self.k``) keeps it symbolic: ``ModelNew`` reads it back from its own constructor
+arguments (``init_sources``). Two ATen ops would still specialise what they are given
+(``group_norm``'s ``int num_groups`` and ``max_pool1d``'s C++ shape arithmetic over the input
+length): :class:`_GenericSizes` routes them, during the trace only, to the same math over
+symbolic sizes (a GroupNorm over a ``[N, G, -1]`` view; a 1-d max pool as the 2-d pool over an
+unsqueezed row, whose Python meta keeps the pooled length a floor-division of the input
+length). An init symbol that the trace still pins to its value (a pooling window handed to an
+``int[]`` argument) is recorded in ``fixed_init``: ``ModelNew`` refuses other values.
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from typing import Any
 
 import sympy
 import torch
+from torch.overrides import TorchFunctionMode
 
 from kforge.agents.expert.graph import UnsupportedError
 
@@ -63,13 +75,20 @@ class Captured:
     # init inputs the trace had to take as plain numbers (index -> value): the kernels are only
     # right for these values, so ModelNew refuses others with a clear error
     fixed_init: dict[int, int] = field(default_factory=dict)
+    # symbol -> init input index: a size only the constructor's arguments carry (num_groups)
+    init_sources: dict[sympy.Symbol, int] = field(default_factory=dict)
+    # a size the trace proved divisible (GroupNorm's channels by groups): a -> b * q, and the
+    # quotient q -> (a, b), read as ``a // b``; so ``b * (a // b)`` simplifies back to ``a``
+    divisions: dict[sympy.Symbol, sympy.Expr] = field(default_factory=dict)
+    derived: dict[sympy.Symbol, tuple[sympy.Symbol, sympy.Symbol]] = field(default_factory=dict)
 
     def size_expr(self, size: Any) -> sympy.Expr:
         """A traced size (int, SymInt, SymFloat) as a sympy expression over canonical symbols
         (a symbol no tensor shape carries, such as an init-only integer, at its value)."""
         if isinstance(size, torch.SymInt | torch.SymFloat | torch.SymBool):
             expr = sympy.sympify(self.env.simplify(size.node.expr))
-            return expr.subs(self.unsourced) if self.unsourced else expr
+            expr = expr.subs(self.unsourced) if self.unsourced else expr
+            return expr.xreplace(self.divisions) if self.divisions else expr
         return sympy.sympify(size)
 
     @property
@@ -130,10 +149,12 @@ def forward_arg_names(model_cls: type, count: int) -> list[str]:
     return [n if n.isidentifier() else f"x{i}" for i, n in enumerate(names[:count])]
 
 
-def _build_symbolic(model_cls: type, init_inputs: list[Any], env: Any, mode: Any, concrete: set[int]) -> Any:
+def _build_symbolic(model_cls: type, init_inputs: list[Any], env: Any, mode: Any, concrete: set[int],
+                    symints: dict[int, Any]) -> Any:
     """``Model`` built under the fake mode with every integer init input a size symbol, so
     sizes that come from the constructor (``nn.LayerNorm(dim)``, ``num_groups``) stay
-    symbolic; ``None`` when the constructor cannot take symbolic ints."""
+    symbolic (``symints``: init index -> the SymInt it was given); ``None`` when the
+    constructor cannot take symbolic ints."""
     import numbers
 
     from torch._dynamo.source import ConstantSource
@@ -146,7 +167,8 @@ def _build_symbolic(model_cls: type, init_inputs: list[Any], env: Any, mode: Any
     for i, value in enumerate(init_inputs):
         if isinstance(value, int) and not isinstance(value, bool) and value >= 2 and i not in concrete:
             sym = env.create_symbol(value, ConstantSource(f"init{i}"), dynamic_dim=DimDynamic.DYNAMIC)
-            args.append(env.create_symintnode(sym, hint=value))
+            symints[i] = env.create_symintnode(sym, hint=value)
+            args.append(symints[i])
         else:
             args.append(value)
     # Initialisers compute with the sizes (kaiming's fan-in under a sqrt) and would bake them
@@ -174,7 +196,12 @@ def capture_problem(source: str) -> Captured:
     Integer init inputs start symbolic; one that the forward uses as a plain Python number
     (``make_fx`` cannot trace it: "not tracked with proxy") is made concrete and the trace
     retried, and a constructor that rejects symbolic ints gets concrete ones throughout."""
-    ns = load_namespace(source)
+    return capture_namespace(load_namespace(source))
+
+
+def capture_namespace(ns: dict[str, Any]) -> Captured:
+    """:func:`capture_problem` of a problem already executed (its module's namespace, with
+    whatever sizes it holds: :mod:`kforge.problem_cost` counts at the effective sizes)."""
     try:
         init_inputs = list(ns["get_init_inputs"]())
         with torch.device("meta"):
@@ -210,9 +237,11 @@ def _capture(ns: dict[str, Any], init_inputs: list[Any], raw_inputs: list[Any], 
     env = ShapeEnv(duck_shape=False)
     mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
     model = None
+    symints: dict[int, Any] = {}
     if len(concrete) < len(init_inputs) or not init_inputs:
-        model = _build_symbolic(ns["Model"], init_inputs, env, mode, concrete)
+        model = _build_symbolic(ns["Model"], init_inputs, env, mode, concrete, symints)
     if model is None:  # a constructor that needs concrete ints: sizes it reads are baked in
+        symints = {}
         concrete |= set(range(len(init_inputs)))
         try:
             with torch.device("meta"):
@@ -246,13 +275,18 @@ def _capture(ns: dict[str, Any], init_inputs: list[Any], raw_inputs: list[Any], 
         return mode.from_tensor(t, symbolic_context=ctx)
 
     args = [fake(t) for t in [*state.values(), *raw_inputs]]
+    n_tensors = len(args)
 
-    def run(*flat: torch.Tensor) -> Any:
-        return functional_call(model, dict(zip(names, flat[: len(names)], strict=True)), tuple(flat[len(names):]))
+    def run(*flat: Any) -> Any:
+        # the init SymInts come last: as arguments of the trace they are tracked (a forward
+        # that computes with one records the arithmetic instead of failing or baking it)
+        with _GenericSizes():
+            return functional_call(model, dict(zip(names, flat[: len(names)], strict=True)),
+                                   tuple(flat[len(names):n_tensors]))
 
     try:
         with mode:
-            gm = make_fx(run, decomposition_table=decomposition_table())(*args)
+            gm = make_fx(run, decomposition_table=decomposition_table())(*args, *symints.values())
     except Exception as err:  # data-dependent control flow, unsupported ops in tracing, ...
         text = str(err)
         if "not tracked with proxy" in text and len(concrete) < len(init_inputs):
@@ -266,7 +300,7 @@ def _capture(ns: dict[str, Any], init_inputs: list[Any], raw_inputs: list[Any], 
             raise NondeterministicReference(f"the reference draws random numbers ({node.target})")
     hints = {sym: int(val) for sym, val in env.backed_var_to_val.items()}
     captured = Captured(gm=gm, placeholders=placeholders, hints=hints, env=env)
-    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"][:n_tensors]
     scaled: dict[sympy.Symbol, tuple[int, int, int]] = {}
     for index, node in enumerate(phs):
         for dim, size in enumerate(node.meta["val"].shape):
@@ -278,7 +312,93 @@ def _capture(ns: dict[str, Any], init_inputs: list[Any], raw_inputs: list[Any], 
                 scaled.setdefault(expr.args[1], (index, dim, int(expr.args[0])))
     for sym, src in scaled.items():
         captured.sources.setdefault(sym, src)
-    captured.unsourced = {s: v for s, v in hints.items() if s not in captured.sources}
+    for i, symint in symints.items():
+        expr = captured.size_expr(symint)
+        if expr.is_number:  # the trace pinned it (a pooling window): built for this value only
+            concrete.add(i)
+        elif isinstance(expr, sympy.Symbol) and expr not in captured.sources:
+            captured.init_sources[expr] = i
+    captured.unsourced = {s: v for s, v in hints.items() if s not in captured.sources
+                          and s not in captured.init_sources}
     captured.fixed_init = {i: v for i, v in enumerate(init_inputs) if i in concrete
                            and isinstance(v, int) and not isinstance(v, bool) and v >= 2}
+    _divisions(captured)
     return captured
+
+
+def _divisions(cap: Captured) -> None:
+    """Each guard ``a % b == 0`` of two read-back symbols (a GroupNorm's channels and groups)
+    makes ``a`` the product ``b * q`` of a new quotient symbol: ``G * (C // G)`` is then ``C``
+    to the planner, so a group view and its source still fuse."""
+    from torch.utils._sympy.functions import Mod, PythonMod
+
+    known = set(cap.sources) | set(cap.init_sources)
+    for guard in cap.env.guards:
+        e = guard.expr
+        if not isinstance(e, sympy.Eq) or sympy.Integer(0) not in e.args:
+            continue
+        mod = e.args[0] if e.args[1] == 0 else e.args[1]
+        if not isinstance(mod, Mod | PythonMod | sympy.Mod) or not all(isinstance(x, sympy.Symbol) for x in mod.args):
+            continue
+        a, b = mod.args
+        if a == b or not {a, b} <= known or a in cap.divisions or b in cap.divisions \
+                or any(a in (x, y) or b in (x, y) for x, y in cap.derived.values()):
+            continue
+        q = sympy.Symbol(f"q_{a}_{b}", integer=True, positive=True)
+        cap.divisions[a] = b * q
+        cap.derived[q] = (a, b)
+        cap.hints[q] = cap.hints[a] // cap.hints[b]
+
+
+def _one(value: Any) -> Any:
+    return value[0] if isinstance(value, list | tuple) else value
+
+
+class _GenericSizes(TorchFunctionMode):
+    """During the trace only: the ops whose ATen signature would pin a size symbol to its
+    value get the same math over symbolic sizes (the results are the decompositions' own)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.group_norm and isinstance(_arg0(args, kwargs, 1, "num_groups"), torch.SymInt):
+            return _group_norm(*args, **kwargs)
+        if func in MAX_POOL1D:
+            return _max_pool1d(*args, **kwargs, indices=MAX_POOL1D[func])
+        return func(*args, **kwargs)
+
+
+def _arg0(args: Any, kwargs: dict[str, Any], i: int, name: str) -> Any:
+    return args[i] if len(args) > i else kwargs.get(name)
+
+
+def _group_norm(x: torch.Tensor, num_groups: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5) -> torch.Tensor:
+    """``F.group_norm`` with the group count a symbol: statistics over a ``[N, G, -1]`` view."""
+    n, c = x.shape[0], x.shape[1]
+    grouped = x.reshape(n, num_groups, -1)
+    var, mean = torch.var_mean(grouped, dim=-1, correction=0, keepdim=True)
+    y = ((grouped - mean) * torch.rsqrt(var + eps)).reshape(x.shape)
+    shape = (1, c) + (1,) * (x.dim() - 2)
+    if weight is not None:
+        y = y * weight.reshape(shape)
+    if bias is not None:
+        y = y + bias.reshape(shape)
+    return y
+
+
+def _max_pool1d(x: torch.Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+                ceil_mode: bool = False, return_indices: bool = False, indices: bool | None = None) -> Any:
+    """A 1-d max pool as the 2-d pool of the row unsqueezed to height 1 (the 1-d op's C++ shape
+    arithmetic would fix the input length; the 2-d meta keeps it a symbol)."""
+    k = _one(kernel_size)
+    s = _one(stride) if stride not in (None, [], ()) else k
+    out, idx = torch.ops.aten.max_pool2d_with_indices(x.unsqueeze(-2), [1, k], [1, s], [0, _one(padding)],
+                                                      [1, _one(dilation)], ceil_mode)
+    want = return_indices if indices is None else indices
+    return (out.squeeze(-2), idx.squeeze(-2)) if want else out.squeeze(-2)
+
+
+F = torch.nn.functional
+# the functions a 1-d max pool reaches __torch_function__ through -> whether they return indices
+# (None: as their ``return_indices`` argument says)
+MAX_POOL1D = {F.max_pool1d: None, F._max_pool1d: False, F.max_pool1d_with_indices: True, torch.max_pool1d: False,
+              torch.max_pool1d_with_indices: True}

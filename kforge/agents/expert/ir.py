@@ -83,6 +83,8 @@ class Graph:
     returns_tuple: bool
     mutations: list[tuple[Node, Node]]  # (param buffer, new value)
     captured: Captured
+    rewrites: list[str] = field(default_factory=list)  # rule names applied (:mod:`.rewrites`)
+    rewrite_notes: list[str] = field(default_factory=list)
 
     def placeholders(self) -> list[Node]:
         return [n for n in self.nodes if n.op in ("input", "param")]
@@ -189,6 +191,9 @@ class _Builder:
         index = 0
         for fx in self.cap.gm.graph.nodes:
             if fx.op == "placeholder":
+                if isinstance(fx.meta.get("val"), torch.SymInt | int):  # an init input (a size)
+                    self.env[fx.name] = Scalar(self.cap.size_expr(fx.meta["val"]), "i64")
+                    continue
                 ph = self.cap.placeholders[index]
                 shape, dtype = self.meta(fx)
                 self.env[fx.name] = self.add(ph.role, [], shape, dtype, index=index, name=ph.name,
@@ -225,8 +230,13 @@ class _Builder:
         return Graph(self.nodes, outputs, returns_tuple, self.mutations, self.cap)
 
 
-def build_graph(cap: Captured) -> Graph:
-    graph = prune(cse(_Builder(cap).run()))
+def build_graph(cap: Captured, rewrite: bool = True) -> Graph:
+    """The IR of a capture: common values merged, then (``rewrite``) the algebraic rewrites of
+    :mod:`.rewrites` (dead values dropped among them), else only the dead values dropped."""
+    from kforge.agents.expert.rewrites import apply_rewrites
+
+    graph = cse(_Builder(cap).run())
+    graph = apply_rewrites(graph) if rewrite else prune(graph)
     for node in graph.nodes:
         if node.op == "unsupported":
             raise UnsupportedError(node.attrs["reason"])
@@ -263,7 +273,7 @@ def cse(graph: Graph) -> Graph:
                 t.users.append(node)
     outputs = [alias.get(id(n), n) for n in graph.outputs]
     mutations = [(d, alias.get(id(v), v)) for d, v in graph.mutations]
-    return Graph(kept, outputs, graph.returns_tuple, mutations, graph.captured)
+    return Graph(kept, outputs, graph.returns_tuple, mutations, graph.captured, graph.rewrites, graph.rewrite_notes)
 
 
 def prune(graph: Graph) -> Graph:
@@ -279,7 +289,8 @@ def prune(graph: Graph) -> Graph:
     kept = [n for n in graph.nodes if id(n) in live or n.op in ("input", "param")]
     for n in kept:
         n.users = [u for u in n.users if id(u) in live]
-    return Graph(kept, graph.outputs, graph.returns_tuple, graph.mutations, graph.captured)
+    return Graph(kept, graph.outputs, graph.returns_tuple, graph.mutations, graph.captured, graph.rewrites,
+                 graph.rewrite_notes)
 
 
 def static_int(value: Any, what: str) -> int:

@@ -124,6 +124,10 @@ class Program:
     hints: dict[Any, int]
     notes: list[str] = field(default_factory=list)
     fixed_init: dict[int, int] = field(default_factory=dict)  # init inputs baked into the kernels
+    init_sources: dict[Any, int] = field(default_factory=dict)  # size symbol -> init input index
+    derived: dict[Any, tuple[Any, Any]] = field(default_factory=dict)  # quotient q -> (a, b): q = a // b
+    rewrites: list[str] = field(default_factory=list)  # names of the rewrite rules applied (rewrites.py)
+    rewrite_notes: list[str] = field(default_factory=list)  # what each application did
 
     def hint(self, expr: Any) -> int:
         return int(sympy.sympify(expr).subs(self.hints))

@@ -164,11 +164,24 @@ def _split(a: E, b: E) -> tuple[E, E] | None:
                     if ratio.is_Integer:
                         quot.append(imul(x, const(int(ratio))))
                         break
+                    if _whole(ratio):  # a product of sizes (H*W*q over H*W): still a multiple
+                        quot.append(imul(x, size(ratio)))
+                        break
             else:
                 rest.append(t)
         else:
             rest.append(t)
     return _sum(quot), _sum(rest)
+
+
+def _whole(ratio: sympy.Expr) -> bool:
+    """Is ``ratio`` (of two size expressions) a positive integer for every size: a product of
+    integer symbols and a positive integer, no division left?"""
+    if ratio.is_number or not ratio.is_Mul and not ratio.is_Symbol:
+        return False
+    num, den = sympy.fraction(sympy.cancel(ratio))
+    return den == 1 and all((f.is_Symbol and f.is_integer) or (f.is_Integer and f > 0)
+                            for f in sympy.Mul.make_args(num))
 
 
 def bound(e: E) -> sympy.Expr | None:
@@ -243,8 +256,26 @@ def unflatten(flat: E, shape: tuple[Any, ...]) -> tuple[E, ...]:
     return tuple(out)
 
 
+_ORIGIN: dict[tuple[Any, ...], tuple[E, ...]] = {}  # (index, shape, back to) -> the index it came from
+
+
 def reshape_index(idx: tuple[E, ...], out_shape: tuple[Any, ...], in_shape: tuple[Any, ...]) -> tuple[E, ...]:
-    """The index into ``in_shape`` of element ``idx`` of its row-major reshape ``out_shape``."""
+    """The index into ``in_shape`` of element ``idx`` of its row-major reshape ``out_shape``.
+
+    A reshape is a bijection of equal-size shapes, so reshaping an index back where it came
+    from gives the original index (remembered here), whatever div/mod the way there took:
+    a GroupNorm's ``[N, G, q*H*W]`` -> ``[N, G*q, H, W]`` -> ``[N, G, q*H*W]`` round trip."""
+    back = _ORIGIN.get((idx, tuple(out_shape), tuple(in_shape)))
+    if back is not None:
+        return back
+    result = _reshape_index(idx, out_shape, in_shape)
+    if len(_ORIGIN) > 1 << 16:
+        _ORIGIN.clear()
+    _ORIGIN[(result, tuple(in_shape), tuple(out_shape))] = idx
+    return result
+
+
+def _reshape_index(idx: tuple[E, ...], out_shape: tuple[Any, ...], in_shape: tuple[Any, ...]) -> tuple[E, ...]:
     o = [(i, s) for i, s in zip(idx, out_shape, strict=True) if sympy.sympify(s) != 1]
     ins = [d for d, s in enumerate(in_shape) if sympy.sympify(s) != 1]
     result: list[E] = [ZERO] * len(in_shape)

@@ -123,9 +123,11 @@ class Planner:
                 self.pointwise([out], force_copy=True)  # never return an input (an alias)
             outputs.append(self.buffers[out])
         names = [self.program_buffers[self.buffers[n]].source for n in self.g.placeholders() if n.op == "input"]
+        cap = self.g.captured
         return Program(self.program_buffers, self.kernels, names, outputs, self.g.returns_tuple,
-                       dict(self.g.captured.sources), placeholders, dict(self.g.captured.hints),
-                       fixed_init=dict(self.g.captured.fixed_init))
+                       dict(cap.sources), placeholders, dict(cap.hints), fixed_init=dict(cap.fixed_init),
+                       init_sources=dict(cap.init_sources), derived=dict(cap.derived),
+                       rewrites=list(self.g.rewrites), rewrite_notes=list(self.g.rewrite_notes))
 
     # ------------------------------------------------------------------ pointwise
     def pointwise(self, nodes: list[Node], force_copy: bool = False) -> None:
@@ -277,7 +279,8 @@ class Planner:
                 value = E("acc", v=members[id(node)].acc, dt=node.dtype)
                 name = self.new_buffer(node)
                 outer_stores.append(Store(name, linear(canonical(node), node.shape), value))
-        red_inner = all(d >= len(S) - len(dims) for d in dims)
+        red_inner = _reads_rows(list(members.values()), len(outer), len(red),
+                                all(d >= len(S) - len(dims) for d in dims))
         self.kernels.append(RowKernel(f"k{len(self.kernels)}", outer, red, list(members.values()),
                                       outer_stores, full_stores, red_inner))
 
@@ -397,6 +400,28 @@ class Planner:
         self.done.add(id(node))
         store = Store(name, linear(full, S), E("acc", v="scan", dt=node.dtype))
         self.kernels.append(ScanKernel(f"k{len(self.kernels)}", outer, S[d], node.attrs["kind"], body, store))
+
+
+def _reads_rows(reductions: list[Reduction], n_outer: int, n_red: int, default: bool) -> bool:
+    """Is the reduced space contiguous in memory (a row reduction), judged by the loads: the
+    innermost reduced index at unit stride in some load says yes, else the innermost outer
+    index at unit stride says no (a column sum over a transposed weight reads columns even
+    though its reduced dim is the view's last); neither: ``default`` (the view's dims)."""
+    ol, rl = f"o{n_outer - 1}", f"r{n_red - 1}"
+    unit_o = unit_r = False
+    for r in reductions:
+        for e in r.body.walk():
+            if e.op == "load":
+                terms = _index_terms(e.args[0])
+                unit_o |= n_outer > 0 and any(t.op == "var" and t.v[0] == ol for t in terms)
+                unit_r |= n_red > 0 and any(t.op == "var" and t.v[0] == rl for t in terms)
+    if unit_r:
+        return True
+    return False if unit_o else default
+
+
+def _index_terms(e: E) -> list[E]:
+    return [*_index_terms(e.args[0]), *_index_terms(e.args[1])] if e.op == "iadd" else [e]
 
 
 def affine(e: E, names: list[str]) -> tuple[dict[str, E], E] | None:
