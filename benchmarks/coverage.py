@@ -75,7 +75,7 @@ def generate(program: object, source: str, target: str, policy: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("folders", nargs="+", type=Path)
+    parser.add_argument("folders", nargs="+", type=Path, help="folders or single problem files")
     parser.add_argument("--platforms", default="cpu,triton")
     parser.add_argument("--policy", default="strict")
     parser.add_argument("--verify", action="store_true")
@@ -84,14 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("TRITON_INTERPRET", "1")
     rows: list[tuple[str, str, str, str, float]] = []
-    for folder in args.folders:
-        files = sorted(p for p in folder.rglob("*.py") if not p.name.startswith("_"))
+    for folder in args.folders:  # a folder, or one file (labelled by its folder too)
+        files = [folder] if folder.is_file() else sorted(p for p in folder.rglob("*.py") if not p.name.startswith("_"))
         if args.limit:
             files = files[: args.limit]
         for path in files:
             for target in args.platforms.split(","):
                 stage, reason, seconds = stage_of(path, target, args.policy, args.verify)
-                label = f"{folder.name}/{path.relative_to(folder)}"
+                label = f"{path.parent.name}/{path.name}" if folder.is_file() else f"{folder.name}/{path.relative_to(folder)}"
                 rows.append((label, target, stage, reason, seconds))
                 print(f"{label:70s} {target:7s} {stage:10s} {seconds:6.1f}s  {reason[:110]}", flush=True)
     order = ("failed", "traced", "planned", "generated", "verified")
