@@ -117,7 +117,7 @@ def rewritten_work(module: types.ModuleType) -> float:
         from kforge.agents.expert.ir import build_graph
         from kforge.agents.expert.rewrites import apply_rewrites, work
 
-        graph = build_graph(capture_namespace(vars(module)), rewrite=False)
+        graph = build_graph(capture_namespace(vars(module), symbolic_init=False), rewrite=False)
         before = work(graph)
         after = work(apply_rewrites(graph))
     except Exception:  # noqa: BLE001 - outside the IR (a convolution...): nothing rewritten

@@ -160,12 +160,12 @@ def _build_symbolic(model_cls: type, init_inputs: list[Any], env: Any, mode: Any
     from torch._dynamo.source import ConstantSource
     from torch.fx.experimental.symbolic_shapes import DimDynamic
 
-    # nn.LayerNorm and friends test ``isinstance(n, numbers.Integral)``: a SymInt is one
-    # (registered once, in the agent's process only).
-    numbers.Integral.register(torch.SymInt)
     args: list[Any] = []
     for i, value in enumerate(init_inputs):
         if isinstance(value, int) and not isinstance(value, bool) and value >= 2 and i not in concrete:
+            # nn.LayerNorm and friends test ``isinstance(n, numbers.Integral)``: a SymInt is
+            # one (registered once, in a process that builds a model with symbolic ints only)
+            numbers.Integral.register(torch.SymInt)
             sym = env.create_symbol(value, ConstantSource(f"init{i}"), dynamic_dim=DimDynamic.DYNAMIC)
             symints[i] = env.create_symintnode(sym, hint=value)
             args.append(symints[i])
@@ -199,16 +199,18 @@ def capture_problem(source: str) -> Captured:
     return capture_namespace(load_namespace(source))
 
 
-def capture_namespace(ns: dict[str, Any]) -> Captured:
+def capture_namespace(ns: dict[str, Any], symbolic_init: bool = True) -> Captured:
     """:func:`capture_problem` of a problem already executed (its module's namespace, with
-    whatever sizes it holds: :mod:`kforge.problem_cost` counts at the effective sizes)."""
+    whatever sizes it holds: :mod:`kforge.problem_cost` counts at the effective sizes). With
+    ``symbolic_init=False`` the init inputs are taken as they are (enough to count work at one
+    size, and no ``numbers.Integral`` registration of ``SymInt`` in the caller's process)."""
     try:
         init_inputs = list(ns["get_init_inputs"]())
         with torch.device("meta"):
             raw_inputs = list(ns["get_inputs"]())
     except Exception as err:
         raise UnsupportedError(f"get_inputs()/get_init_inputs() failed: {type(err).__name__}: {err}") from None
-    concrete: set[int] = set()
+    concrete: set[int] = set() if symbolic_init else set(range(len(init_inputs)))
     for _ in range(len(init_inputs) + 2):
         try:
             return _capture(ns, init_inputs, list(raw_inputs), concrete)
