@@ -31,13 +31,13 @@ class Peaks(Record):
 def policy_matmul_gflops(peaks: Peaks, policy: str) -> float:
     """The fastest matmul rate a kernel may legitimately reach under ``policy``.
 
-    strict allows error-compensated TF32 (tf32x3: three TF32 products, two where the small
-    term is dropped), so its ceiling is TF32's rate / 2; relaxed allows TF32 and bf16 outright.
-    A roofline built on the fp32 rate alone flagged an honest tf32x3 GEMM on the H200.
+    strict allows split products (tf32x3, bf16x3: three products, two where the small term is
+    dropped), so its ceiling is the faster of TF32's and bf16's rate / 2; relaxed allows TF32 and
+    bf16 outright. A roofline built on the fp32 rate alone flagged an honest tf32x3 GEMM on the H200.
     """
     if policy == "relaxed":
         return max(peaks.matmul_gflops, peaks.tf32_gflops, peaks.bf16_gflops)
-    return max(peaks.matmul_gflops, peaks.tf32_gflops / 2)
+    return max(peaks.matmul_gflops, peaks.tf32_gflops / 2, peaks.bf16_gflops / 2)
 
 
 def bandwidth_ceiling(peaks: Peaks) -> float:
