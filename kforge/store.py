@@ -11,6 +11,16 @@ read and moved to quarantine on mismatch. An *action key* is the sha256 of the c
 of everything a stage really depends on (input digests, prompt and code digests, model
 settings, tool versions), so a job that Snakemake reruns without a real change finds its
 result here and does no work.
+
+Concurrent writers (several processes, or jobs on several nodes over one shared folder, e.g.
+NFS) are safe: a blob's bytes depend only on its name, so two writers of one blob write the
+same bytes and the last rename wins harmlessly; temp names are unique (``mkstemp``, O_EXCL) and
+renames stay within one folder, so a reader sees no file or a whole one. A reader that finds a
+bad blob moves it aside and checks what it moved: a good blob a writer renamed into place in
+the meantime goes back (the quarantine never eats a good blob). A blob missing on a first look
+is looked up again after a fresh listing of its folder (an NFS client can cache "no such file"
+for seconds after another node created it). Action entries are only ever replaced whole; a
+corrupt one is removed only if it is still the bytes that were read.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -78,6 +89,24 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+def _read_fresh(path: Path) -> bytes:
+    """The bytes at ``path``; on "no such file", list its folder (which makes an NFS client
+    revalidate cached lookups) and try once more before giving up."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        try:
+            os.listdir(path.parent)
+        except FileNotFoundError:
+            raise FileNotFoundError(path) from None
+        return path.read_bytes()
+
+
+def _unique_suffix() -> str:
+    """Unique across processes and hosts sharing one folder."""
+    return f"{socket.gethostname()}.{os.getpid()}.{os.urandom(4).hex()}"
+
+
 class Store:
     """Blobs and the action cache under one root folder."""
 
@@ -114,11 +143,13 @@ class Store:
             self._quarantine(path, digest)
             raise CorruptBlob(f"blob {digest[:12]} was a symlink; moved to {self.quarantine}")
         try:
-            data = path.read_bytes()
+            data = _read_fresh(path)
         except FileNotFoundError:
             raise BlobNotFound(f"blob {digest} is not in the store at {self.blobs}") from None
         if sha256_bytes(data) != digest:
-            self._quarantine(path, digest)
+            healed = self._quarantine(path, digest)
+            if healed is not None:  # a writer renamed the good blob into place while we looked
+                return healed
             raise CorruptBlob(
                 f"blob {digest[:12]} failed verification (content hashes to {sha256_bytes(data)[:12]}); "
                 f"moved to {self.quarantine}. Rerun the pipeline to regenerate it."
@@ -131,13 +162,22 @@ class Store:
     def get_json(self, digest: str) -> Any:
         return json.loads(self.get_bytes(digest))
 
-    def _quarantine(self, path: Path, digest: str) -> None:
+    def _quarantine(self, path: Path, digest: str) -> bytes | None:
+        """Move a bad blob aside. A concurrent writer may have renamed the good blob into place
+        after our read: then what was moved verifies, goes back (any good copy has the same
+        bytes, so replacing another is harmless) and its bytes are returned; else None."""
         self.quarantine.mkdir(parents=True, exist_ok=True)
-        target = self.quarantine / f"{digest}.{os.getpid()}"
+        target = self.quarantine / f"{digest}.{_unique_suffix()}"
         try:
             os.replace(path, target)
         except FileNotFoundError:
-            pass
+            return None
+        if not target.is_symlink():
+            data = target.read_bytes()
+            if sha256_bytes(data) == digest:
+                os.replace(target, path)
+                return data
+        return None
 
     # ---------------------------------------------------------------- action cache
     def _action_path(self, key: str) -> Path:
@@ -145,22 +185,43 @@ class Store:
         return self.actions / key[:2] / f"{key[2:]}.json"
 
     def action_get(self, key: str) -> dict[str, Any] | None:
-        """The cached result of an action, or None. A corrupt entry counts as a miss and is
-        removed, and every blob it names must still verify."""
+        """The cached result of an action, or None. Every blob the entry names must still
+        verify; if one does not, it is a miss (the recomputed result replaces the entry). A
+        corrupt entry is a miss and is removed, unless a writer replaced it meanwhile."""
         path = self._action_path(key)
-        if not path.is_file() or path.is_symlink():
+        if path.is_symlink():
             return None
         try:
-            entry = json.loads(path.read_bytes())
-            if entry.get("key") != key:
-                raise ValueError("key mismatch")
+            raw = _read_fresh(path)
+        except FileNotFoundError:
+            return None
+        try:
+            entry = json.loads(raw)
+            if not isinstance(entry, dict) or entry.get("key") != key or not isinstance(entry.get("result"), dict):
+                raise ValueError("not an entry for this key")
+        except ValueError:
+            self._remove_if_unchanged(path, raw)
+            return None
+        try:
             for digest in entry.get("blobs", []):
                 self.get_bytes(digest)
-        except (ValueError, StoreError):
-            path.unlink(missing_ok=True)
+        except StoreError:
             return None
         result: dict[str, Any] = entry["result"]
         return result
+
+    def _remove_if_unchanged(self, path: Path, seen: bytes) -> None:
+        """Remove ``path`` if it still holds ``seen``: moved aside first (atomic), then put
+        back if a writer had replaced it after our read."""
+        aside = path.with_name(f".{path.name}.{_unique_suffix()}.bad")
+        try:
+            os.replace(path, aside)
+        except FileNotFoundError:
+            return
+        if aside.read_bytes() == seen:
+            aside.unlink(missing_ok=True)
+        else:
+            os.replace(aside, path)
 
     def action_put(self, key: str, result: dict[str, Any], blobs: list[str] | None = None) -> None:
         """Record ``result`` for ``key``; ``blobs`` are digests the result depends on."""
