@@ -7,6 +7,7 @@ synchronised right after each call so a fault is charged to that call, frames as
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import threading
@@ -89,6 +90,18 @@ def run_candidate(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> 
 
     device = job["device"]
     sanitize = bool(job.get("sanitize"))
+    channel = None
+    if job.get("device_compare"):  # before any candidate code: the judge is trusted (gpu_compare.py)
+        import os
+
+        from kforge.verifier.gpu_compare import DeviceChannel
+
+        try:
+            channel = DeviceChannel(job, os.environ)
+        except Exception as exc:  # noqa: BLE001
+            fail("harness_error", exc)
+    draw = bool(job.get("draw_on_device"))
+    harness = frozenset({channel.proc.pid}) if channel is not None else frozenset()
     module, integrity, counter = _import_candidate(job, fail, finish)
     path = Path(job["problem_path"])
     models: dict[str, tuple[Any, Any]] = {}
@@ -101,7 +114,7 @@ def run_candidate(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> 
                 problem = load_case_problem(path, job["preset"], sizes)
                 models[key] = (problem, build_models(problem, module.ModelNew, job["model_seed"], device)[1])
             problem, model = models[key]
-            inputs = make_inputs(problem, case, device)
+            inputs = make_inputs(problem, case, device, draw_on_device=draw)
         except Exception as exc:  # noqa: BLE001 - ModelNew.__init__ is candidate code
             send({"kind": "case", "index": case.index, "error": f"{type(exc).__name__}: {exc}"})
             continue
@@ -135,17 +148,24 @@ def run_candidate(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> 
         if "rigged" in report:
             finish({"error": "rigged_output_object", "message": report["rigged"]})
         first = [t.clone() for t in tensors]  # on the current stream, before any device sync
-        background = background_work(threads_before)
+        background = background_work(threads_before, harness)
         _sync(device)
         if case.index == 0 or background:
             probes.settle()
-        changed_after_return = digest(first) != digest(tensors)
-        background = sorted(set(background + background_work(threads_before)))
+        background = sorted(set(background + background_work(threads_before, harness)))
         metas, blobs = [], []
-        for t in tensors:
-            meta, blob = encode_tensor(t)
-            metas.append(meta)
-            blobs.append(blob)
+        if channel is not None:  # on the device: the judge compares; nothing crosses the host
+            changed_after_return = not all(_same_bits(a, b) for a, b in zip(first, tensors, strict=True))
+            try:
+                metas = channel.compare(("case", case.index), raw, tensors)
+            except EOFError as exc:
+                fail("crashed", f"the on-device comparison stopped during case {case.index}: {exc}")
+        else:
+            changed_after_return = digest(first) != digest(tensors)
+            for t in tensors:
+                meta, blob = encode_tensor(t)
+                metas.append(meta)
+                blobs.append(blob)
         send({
             "kind": "case", "index": case.index, "outputs": metas, "structure": report["structure"],
             "digest": before, "digest_after": digest(inputs), "aliases": report["aliases"],
@@ -156,23 +176,56 @@ def run_candidate(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> 
             "triton_launches": counter.triton_launches - launches,
         }, blobs)
     if not sanitize:
-        _repeat(job, models, module.ModelNew, send)
+        _repeat(job, models, module.ModelNew, send, channel)
+    if channel is not None:
+        channel.close()
     finish({})
 
 
-def _repeat(job: dict[str, Any], models: dict[str, tuple[Any, Any]], model_cls: type, send: Send) -> None:
-    """The repeat phase (``checked.repeat_phase``) on the preset-size instance, cases 0 and 1."""
+def _same_bits(a: Any, b: Any) -> bool:
+    """Bit-for-bit equal (NaN included), on the device."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    x, y = a.detach().contiguous().reshape(-1), b.detach().contiguous().reshape(-1)
+    if x.element_size() in (1, 2, 4, 8) and x.numel():
+        view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+        if not x.is_complex():
+            return bool(torch.equal(x.view(view), y.view(view)))
+    return bool(torch.equal(x, y))
+
+
+def _repeat(job: dict[str, Any], models: dict[str, tuple[Any, Any]], model_cls: type, send: Send,
+            channel: Any = None) -> None:
+    """The repeat phase (``checked.repeat_phase``) on the preset-size instance, cases 0 and 1;
+    each answer as bytes, or (``channel``) compared on the device by the judge."""
     from kforge.verifier.checked import repeat_phase
     from kforge.verifier.worker import build_models
 
-    cases = [Case.from_json(raw) for raw in job["cases"] if raw.get("sizes") is None][:2]
+    raw_cases = [raw for raw in job["cases"] if raw.get("sizes") is None][:2]
+    cases = [Case.from_json(raw) for raw in raw_cases]
     entry = models.get(json.dumps(None))
     if len(cases) < 2 or entry is None:
         return
     problem, model = entry
+
+    def emit(rep: int, slot: int, case_index: int, tensors: list[Any]) -> None:
+        header = {"kind": "repeat", "rep": rep, "slot": slot, "case": case_index}
+        if channel is not None:
+            raw = next(r for r in raw_cases if int(r["index"]) == case_index)
+            send(dict(header, outputs=channel.compare(("repeat", rep), raw, tensors)))
+            return
+        metas, blobs = [], []
+        for t in tensors:
+            meta, blob = encode_tensor(t)
+            metas.append(meta)
+            blobs.append(blob)
+        send(dict(header, outputs=metas), blobs)
+
     try:
         repeat_phase(model, lambda: build_models(problem, model_cls, job["model_seed"], job["device"])[1],
-                     problem, cases, job["device"], send, encode_tensor)
+                     problem, cases, job["device"], emit, draw_on_device=bool(job.get("draw_on_device")))
+    except EOFError as exc:  # the judge went away: the process is suspect
+        send({"kind": "repeat", "error": f"the on-device comparison stopped: {exc}"})
     except Exception as exc:  # noqa: BLE001 - candidate code raised on a repeated call
         send({"kind": "repeat", "error": f"{type(exc).__name__}: {exc}"[:2000]})
 
@@ -204,7 +257,13 @@ def run_profile(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> No
 
     from kforge.verifier.checked import CheckedTiming
     from kforge.verifier.handshake import worker_clock
-    from kforge.verifier.timing import host_clock, pin_cpu, time_alternating
+    from kforge.verifier.timing import (
+        _host_probe,
+        host_clock,
+        pin_cpu,
+        time_alternating,
+        unbatched_clock,
+    )
     from kforge.verifier.worker import build_models
 
     device = job["device"]
@@ -225,7 +284,7 @@ def run_profile(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> No
         fail("crashed", exc)
     fns: dict[str, Callable[..., Any]] = {"candidate": new}
     extra: dict[str, Any] = {"pin": pin, "checked": checked.note or "checked",
-                             "parent_clock": clock is not None}
+                             "parent_clock": clock is not None, "input_sets": checked.plan.capacity}
     if job.get("baselines"):
         fns["eager"] = ref
         try:
@@ -235,10 +294,17 @@ def run_profile(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> No
             fns["compiled"] = compiled
         except Exception as exc:  # noqa: BLE001 - recorded: the eager baseline still stands
             extra["compile_error"] = f"{type(exc).__name__}: {exc}"[:500]
+    batch_ns = job.get("batch_ns")
+    if clock is None:  # in-process (benchmarks/verify_cpu_clock.py): the same batches, or none
+        clock = unbatched_clock if batch_ns == 0 else host_clock
+        if batch_ns:  # another batch length than the default, in-process
+            clock = functools.partial(host_clock)
+            clock.probe = functools.partial(_host_probe, batch_ns=batch_ns)  # type: ignore[attr-defined]
+    batches: dict[str, int] = {}
     try:
         with torch.no_grad():
             samples = time_alternating(fns, device=device, warmup=job["warmup"], reps=job["reps"],
-                                       plan=checked.plan, clock=clock or host_clock, observe=checked.observe)
+                                       plan=checked.plan, clock=clock, observe=checked.observe, batches=batches)
             stale = checked.verdict(module.ModelNew, new,
                                     lambda cls: build_models(problem, cls, seed, device)[1])
             kernels = _kernel_table(lambda: new(*checked.plan.load(0, 0)), device)
@@ -256,6 +322,7 @@ def run_profile(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> No
     except Exception as exc:  # noqa: BLE001
         flops, min_bytes = 0.0, 0.0
         extra["cost_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    extra["batch"] = batches  # calls per clocked handshake, per callable
     send({
         "kind": "profile", "timings": {k: s.timing().model_dump() for k, s in samples.items()},
         "host_gap": {k: s.host_gap() for k, s in samples.items()}, "kernels": kernels,

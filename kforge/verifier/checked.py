@@ -4,10 +4,14 @@
         the reference model, the inputs x and x * f (``InputPlan.scaled``), and the reference's
         output for each (computed twice: a nondeterministic reference leaves the check off)
     timing (timing.time_alternating with an InputPlan):
-        two buffer sets, rescaled in place before every call (pointer, shape and version stay,
-        contents change); the candidate's outputs at the first, middle and last call of every
-        (buffer set, contents) compared with the reference for those contents at once, on the
-        device, outside the timed window
+        buffer sets (two; on the CPU, for small inputs, up to ``handshake.MAX_BATCH`` within
+        ``BATCH_BUDGET`` bytes, one per call of a batch), rescaled in place before every call or
+        batch (pointer, shape and version stay, contents change); one call per handshake: the
+        candidate's outputs at the first, middle and last call of every (buffer set, contents)
+        compared with the reference for those contents at once, on the device, outside the
+        timed window; batches: three kept outputs of every batch (first, last, one that moves),
+        compared after the batch and then filled with NaN (a later output that lands on their
+        memory shows NaN, not an answer)
     after timing:
         a fresh ModelNew and the one timed many times, on both contents, against the reference
 
@@ -28,6 +32,10 @@ from kforge.verifier.inputs import Case, make_inputs, tensors_in
 from kforge.verifier.timing import InputPlan
 
 SLOTS = 2
+# Bytes of the input sets of one CPU batch (handshake.py): a batch's calls each read their own
+# set, so the sets must stay cache-resident as a lone call's freshly refilled set is; 2 MB
+# inputs in 8 sets timed 3-5x slower a call than one set on the dev host (its L2: 512 KiB).
+BATCH_BUDGET = 512 << 10
 DEFAULT_TOL = 1e-2  # the verify stage judged the policy's tolerance; this catches wrong answers
 
 
@@ -37,7 +45,7 @@ class StaleOutput(Exception):
 
 @dataclass
 class Sample:
-    rep: int
+    rep: int  # the repetition (a batch's index; -1: the sizing call)
     slot: int
     content: int
     wrong: str  # "" when the call's output matched the reference
@@ -57,8 +65,11 @@ class CheckedTiming:
     def prepare(cls, problem: Any, ref: Any, seed: int, device: str, reps: int,
                 tol: float | None = None) -> CheckedTiming:
         """Inputs and the reference's answers, made before any candidate code runs."""
-        plan = InputPlan.scaled(make_inputs(problem, Case(0, seed, "native", None), device, draw_on_device=True),
-                                slots=SLOTS)
+        from kforge.verifier.handshake import MAX_BATCH
+
+        base = make_inputs(problem, Case(0, seed, "native", None), device, draw_on_device=True)
+        batch_sets = 1 if device == "cuda" else InputPlan.sets_for(base, BATCH_BUDGET, MAX_BATCH)
+        plan = InputPlan.scaled(base, slots=SLOTS, batch_sets=batch_sets)
         contents = plan.contents
         with torch.no_grad():
             expected = [[t.detach().clone() for t in tensors_in(ref(*c))] for c in contents]
@@ -73,11 +84,21 @@ class CheckedTiming:
             picks |= {mine[0], mine[len(mine) // 2], mine[-1]}
         return cls(plan, expected, DEFAULT_TOL if tol is None else tol, reps, note, picks=picks)
 
-    def observe(self, name: str, rep: int, slot: int, content: int, out: Any) -> None:
+    def observe(self, name: str, rep: int, slot: int, content: int, out: Any, batched: bool = False) -> None:
         """``time_alternating``'s observer: a sampled candidate call is compared at once, on the
-        device, outside the timed window (no clones held: full-size outputs stay bounded)."""
-        if name == "candidate" and rep in self.picks:
-            self.samples.append(Sample(rep, slot, content, mismatch(_tensors(out), self.expected[content], self.tol)))
+        device, outside the timed window (no clones held: full-size outputs stay bounded). A
+        batch's kept outputs are all compared, then poisoned with NaN."""
+        if name != "candidate" or not (batched or rep in self.picks):
+            return
+        got = _tensors(out)
+        self.samples.append(Sample(rep, slot, content, mismatch(got, self.expected[content], self.tol)))
+        if batched:
+            for t in got:
+                if t.is_floating_point():
+                    try:
+                        t.detach().fill_(float("nan"))
+                    except RuntimeError:  # an expanded view cannot be written; nothing to reuse
+                        pass
 
     def verdict(self, model_cls: type, used: Any, build: Callable[[type], Any]) -> str | None:
         """None when every check passed (or the check is off); else what disagreed."""
@@ -85,7 +106,8 @@ class CheckedTiming:
             return None
         for s in self.samples:
             if s.wrong:
-                return (f"timed call {s.rep} (input set {s.slot}, contents {s.content}) returned a "
+                when = "the sizing call" if s.rep < 0 else f"timed call {s.rep}"
+                return (f"{when} (input set {s.slot}, contents {s.content}) returned a "
                         f"wrong answer: {s.wrong}; the timing measured calls that did not compute it")
         fresh = build(model_cls)
         for content, want in enumerate(self.expected):
@@ -103,14 +125,18 @@ class CheckedTiming:
 REPEATS = 16  # calls of the verified instance in the repeat phase (4 per buffer set x contents)
 
 
+Emit = Callable[[int, int, int, list[torch.Tensor]], None]  # (rep, slot, case index, outputs)
+
+
 def repeat_phase(model: Any, fresh: Callable[[], Any], problem: Any, cases: list[Case], device: str,
-                 send: Callable[..., None], encode: Callable[[torch.Tensor], tuple[dict[str, Any], bytes]]) -> None:
+                 emit: Emit, *, draw_on_device: bool = False) -> None:
     """Verification's look at repetition (candidate mode, after the cases): the instance that
     ran the cases is called ``REPEATS`` times more on two buffer sets refilled with the inputs
     of ``cases`` (pointer, shape and version unchanged, contents alternating); the last call of
-    every (buffer set, contents) and a fresh instance's answer go to the parent as ``repeat``
-    frames, which it compares with the reference's answers for those cases (``stale_output``)."""
-    plan = InputPlan([make_inputs(problem, c, device) for c in cases], slots=SLOTS)
+    every (buffer set, contents) and a fresh instance's answer (rep -1) are ``emit``ted: as
+    ``repeat`` frames of bytes, or to the on-device judge (``gpu_compare.py``); the parent
+    compares them with the reference's answers for those cases (``stale_output``)."""
+    plan = InputPlan([make_inputs(problem, c, device, draw_on_device=draw_on_device) for c in cases], slots=SLOTS)
     last = {plan.schedule(r): r for r in range(REPEATS)}
     picks = {r: key for key, r in last.items()}
     calls: list[tuple[int, int, int, Any]] = []
@@ -123,12 +149,7 @@ def repeat_phase(model: Any, fresh: Callable[[], Any], problem: Any, cases: list
             del out
         calls.append((-1, 0, 0, [t.detach().clone() for t in _tensors(fresh()(*plan.load(0, 0)))]))
     for rep, slot, content, tensors in calls:
-        metas, blobs = [], []
-        for t in tensors:
-            meta, blob = encode(t)
-            metas.append(meta)
-            blobs.append(blob)
-        send({"kind": "repeat", "rep": rep, "slot": slot, "case": cases[content].index, "outputs": metas}, blobs)
+        emit(rep, slot, cases[content].index, tensors)
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kforge.schema import TOLERANCES, KernelStat, Policy, Profile, Timing
-from kforge.verifier.handshake import CallTimer, consistency, parent_timings
+from kforge.verifier.handshake import BATCH_NS, CallTimer, clock_gaps, consistency, parent_timings
 from kforge.verifier.peaks import Peaks, bandwidth_ceiling
 from kforge.verifier.reasons import Reason
 from kforge.verifier.runner import build_folder, run_job
@@ -82,12 +82,14 @@ def profile_candidate(
     sizes: dict[str, int] | None = None, build_dir: Path | None = None, baselines: bool = False,
     warmup: int = 3, reps: int = 20, threads: int | None = None, timeout_s: float = 300,
     peaks: Peaks | None = None, remeasure: Callable[[], Peaks] | None = None,
-    policy: Policy | None = None,
+    policy: Policy | None = None, parent_clock: bool = True, batch_ns: int | None = None,
 ) -> Profile:
     """Timing record of one candidate; never raises for anything the candidate does.
     ``remeasure`` re-measures the peaks before a flag (see :func:`roofline`). The timed calls'
     outputs are checked against the reference (``checked.py``; at the ``policy``'s tolerance,
-    else 1e-2), and on the CPU the parent clocks every call (``handshake.py``)."""
+    else 1e-2), and on the CPU the parent clocks every batch of calls (``handshake.py``).
+    ``parent_clock`` / ``batch_ns`` are for benchmarks/verify_cpu_clock.py: the worker's own
+    clock, and the batch length (0: one call per handshake; None: ``handshake.BATCH_NS``)."""
     from kforge.platforms import UnknownPlatformError, get_platform
 
     start = time.monotonic()
@@ -100,10 +102,13 @@ def profile_candidate(
     problem_path = Path(problem_path).resolve()
     job = {"mode": "profile", "problem_path": str(problem_path), "preset": preset, "sizes": sizes,
            "device": device, "model_seed": MODEL_SEED, "baselines": baselines, "warmup": warmup,
-           "reps": reps, "threads": threads, "tol": TOLERANCES[policy] if policy else None}
+           "reps": reps, "threads": threads, "tol": TOLERANCES[policy] if policy else None,
+           "batch_ns": batch_ns}
     clocks_before = read_clocks() if device == "cuda" else {"clock_telemetry": "unavailable",
                                                              "why": "no GPU clocks on a CPU platform"}
-    timer = CallTimer(threads=threads if device == "cpu" else 0)  # on the GPU the parent bounds the event times (untested on a GPU)
+    # ``parent_clock=False`` (benchmarks/verify_cpu_clock.py only) times in the worker alone
+    timer = CallTimer(threads=threads if device == "cpu" else 0,
+                      batch_ns=BATCH_NS if batch_ns is None else batch_ns) if parent_clock else None
     out = run_job(job, scratch_root=None, env_extra=plat.worker_env(build),
                   limits=Limits(timeout_s=timeout_s, memory_mb=None), gpu=device == "cuda",
                   candidate_source=source, ro_paths=[build, problem_path.parent], companion=timer)
@@ -119,12 +124,23 @@ def profile_candidate(
     extra.update(body.get("extra", {}))
     if timer is not None:
         threads_used = int(dict(extra.get("pin") or {}).get("threads") or threads or 1) if device == "cpu" else 0
+        extra["clock_gap_us"] = clock_gaps(timer.calls, list(timings))
+        extra["clock_hop_us"] = round(timer.hop_ns() / 1e3, 1)
         problem_ = consistency(timer.calls, threads_used, reps, list(timings)) or "; ".join(timer.errors)
         if problem_:
             return Profile(ok=False, reason=Reason.TIMING_INCONSISTENT.value, detail=problem_,
                            device=device, extra=extra)
-        timings = {k: summarize(ms) for k, ms in parent_timings(timer.calls, list(timings)).items()}
-        extra["clock"] = f"parent handshake ({timer.cpu_source})"
+        timings = {k: summarize(ms) for k, ms in
+                   parent_timings(timer.calls, list(timings), parent_clock=device == "cpu").items()}
+        extra["clock"] = (f"parent handshake ({timer.cpu_source}): " +
+                          ("the parent's clock per batch / k" if device == "cpu" else
+                           "CUDA events, bounded by the parent's clock"))
+        probes: dict[str, float] = {}
+        for c in timer.calls:
+            if c.probe:
+                ms = round((c.wall_ns - timer.hop_ns()) / 1e6, 4)
+                probes[c.name] = min(probes.get(c.name, ms), ms)
+        extra["probe_ms"] = probes
     if any(body.get("host_gap", {}).values()):
         extra["host_gap"] = body["host_gap"]
     prof = Profile(ok=True, device=device, candidate=timings.get("candidate"), eager=timings.get("eager"),

@@ -90,3 +90,68 @@ def test_verification_repeats_calls_and_catches_stale_answers(name: str, build_d
     v = run_verification(source, off.PROBLEM, platform="cpu", policy="strict", build_dir=build_dir, timeout_s=120)
     assert_nothing_left()
     assert v.reason == "stale_output" and "repeat phase" in v.detail, (v.reason, v.detail)
+
+
+SMALL = Path(__file__).parent / "fixtures" / "bias_relu_small.py"  # 16 x 64: a call of microseconds
+
+
+def _profile_small(source: str, build_dir: Path) -> tuple[str, str, dict]:
+    assert PLATFORM.build(source, build_dir).ok
+    prof = profile_candidate(source, SMALL, platform="cpu", reps=20, threads=1, build_dir=build_dir)
+    assert_nothing_left()
+    return (prof.reason if not prof.ok else "ok"), prof.detail, prof.extra
+
+
+def test_microsecond_calls_are_clocked_in_batches_and_still_checked(build_dir: Path) -> None:
+    reason, detail, extra = _profile_small(off.HONEST, build_dir)
+    assert reason == "ok", detail
+    assert extra["batch"]["candidate"] > 1 and extra["input_sets"] >= extra["batch"]["candidate"]
+    assert "per batch / k" in extra["clock"]
+    reason, detail, extra = _profile_small(off.CACHE_BY_KEY, build_dir)
+    assert reason == "stale_output", (reason, detail)
+    reason, detail, _ = _profile_small(off.FORGED_CLOCK_CANDIDATE_ONLY, build_dir)
+    assert reason == "timing_inconsistent" and "calls a batch" in detail, (reason, detail)
+
+
+def test_large_inputs_get_no_batches(build_dir: Path) -> None:
+    """2 MB inputs: k distinct input sets would be colder than a lone call's refilled one."""
+    assert PLATFORM.build(off.HONEST, build_dir).ok
+    prof = profile_candidate(off.HONEST, off.PROBLEM, platform="cpu", reps=5, threads=1, build_dir=build_dir)
+    assert prof.ok, prof.detail
+    assert prof.extra["batch"] == {"candidate": 1} and prof.extra["input_sets"] == 1
+
+
+def test_a_batch_gets_distinct_refilled_input_sets_and_repeats_one_pointer() -> None:
+    import torch
+
+    from kforge.verifier.timing import InputPlan
+
+    base = [torch.arange(6.0), torch.tensor([3])]
+    plan = InputPlan.scaled(base, slots=2, batch_sets=4)
+    assert plan.capacity == 4 and len(plan.buffers) == 4
+    first = plan.batch("candidate", 3)
+    assert [s for s, _ in first] == [0, 1, 2] and all(c == 1 for _, c in first)  # every set refilled
+    assert torch.equal(plan.buffers[1][0], base[0] * 0.5)  # x * f in place (non-negative: f = 1/2)
+    ptr = plan.buffers[2][0].data_ptr()
+    second = plan.batch("candidate", 3)
+    assert [s for s, _ in second] == [2, 3, 0]  # starts where the last batch ended: same pointer ...
+    assert second[0][1] != first[2][1] and plan.buffers[2][0].data_ptr() == ptr  # ... new contents
+    assert plan.batch("eager", 1) == [(0, 1 - second[2][1])]  # callables keep their own cursor
+    with pytest.raises(ValueError, match="buffer sets"):
+        plan.batch("candidate", 5)
+    assert InputPlan.scaled(base).capacity == 1  # no batch sets asked for: one call per handshake
+
+
+def test_batch_size_and_per_call_figures() -> None:
+    from kforge.verifier.handshake import MAX_BATCH, batch_size, parent_timings
+
+    assert batch_size(50_000, 32) == 32 and batch_size(500_000, 32) == 4 and batch_size(5_000_000, 32) == 1
+    assert batch_size(1_000, 8) == 8 and batch_size(1_000, 64) == MAX_BATCH and batch_size(1_000, 32, 0) == 1
+    ns = 1_000_000
+    calls = [Call("null", r, 50_000, 0, 0, 50_000) for r in range(NULL_CALLS)]
+    calls += [Call("candidate", -1, int(0.3 * ns), int(0.25 * ns), 0, int(0.3 * ns), probe=True)]
+    calls += [Call("candidate", r, int(2.05 * ns), 2 * ns, 0, int(2.05 * ns), k=8) for r in range(20)]
+    per = parent_timings(calls, ["candidate"])["candidate"]
+    assert len(per) == 20 and per[0] == pytest.approx(2.0 / 8)  # (parent's clock - fastest hop) / k
+    assert parent_timings(calls, ["candidate"], parent_clock=False)["candidate"][0] == pytest.approx(0.25)
+    assert consistency(calls, 1, 20, ["candidate"]) == ""  # the sizing call is no timing sample
