@@ -89,8 +89,9 @@ class RoundsConfig(Strict):
 
 
 class VerifyConfig(Strict):
-    """``preset: ci`` verifies at the small sizes while timing uses the suite's preset: for
-    GPU-scale problems whose outputs (GBs) are too large to ship to the parent and compare.
+    """``preset: suite`` (the default) verifies at the sizes the suite times; CUDA candidates'
+    outputs are then compared on the GPU (``compare: auto``), so GB-scale outputs never travel.
+    ``preset: ci`` verifies at the small sizes while timing uses the suite's preset.
 
     ``sanitizer: [memcheck, racecheck]`` runs each listed compute-sanitizer tool on a CUDA
     candidate that passed (one more sandboxed run per tool, several times slower); a finding
@@ -98,6 +99,10 @@ class VerifyConfig(Strict):
     repair feedback. Off (``[]``) by default; ignored on CPU platforms."""
 
     preset: Literal["suite", "ci"] = "suite"
+    # auto: a CUDA candidate's outputs are compared on the device by a trusted judge over CUDA
+    # IPC (kforge/verifier/gpu_compare.py), anything else as bytes in the parent; host: always
+    # as bytes (for a host without CUDA IPC; pair it with preset: ci for GPU-scale outputs)
+    compare: Literal["auto", "host", "device"] = "auto"
     trials: int = Field(3, ge=1)
     timeout_s: float = Field(120.0, gt=0)
     memory_mb: int = Field(4096, ge=256)

@@ -34,7 +34,7 @@ def run_verify(
     key = ctx.action_key(
         "verify", platform=platform, info=info.model_dump(mode="json"), source=compiled.source,
         problem=problem_source, policy=ctx.config.policy, preset=preset, sizes=sizes, trials=verify_cfg.trials,
-        sanitizer=list(verify_cfg.sanitizer),
+        sanitizer=list(verify_cfg.sanitizer), compare=verify_cfg.compare,
     )
     cached = ctx.cached(key, VerifyRecord)
     if cached is not None:
@@ -50,6 +50,7 @@ def run_verify(
         verdict = verify_candidate(
             source, problem_path, platform=platform, policy=ctx.config.policy,
             preset=preset, sizes=sizes, build_dir=ctx.build_dir.resolve(), trials=verify_cfg.trials, timeout_s=verify_cfg.timeout_s, memory_mb=verify_cfg.memory_mb,
+            compare=verify_cfg.compare,
         )
         if verdict.ok and verdict.device == "cuda" and verify_cfg.sanitizer:
             from kforge.verifier.sanitizer import apply_sanitizers

@@ -36,6 +36,9 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--policy", choices=["strict", "relaxed"], default="strict")
     parser.add_argument("--preset", default="ci")
     parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--compare", choices=["auto", "host", "device"], default="auto",
+                        help="where outputs are compared: auto = on the GPU for CUDA candidates (CUDA IPC "
+                             "to a trusted judge), as bytes in this process otherwise")
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--build-dir", type=Path, default=None,
                         help="where built kernels go (default $KFORGE_BUILD_DIR or ~/.cache/kforge/<platform>)")
@@ -63,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         return report_user_error("kforge verify", err)
     verdict = verify_candidate(source, args.problem, platform=args.platform,
                                policy=args.policy, preset=args.preset, trials=args.trials,
-                               timeout_s=args.timeout, build_dir=build_dir)
+                               timeout_s=args.timeout, build_dir=build_dir, compare=args.compare)
     status = "VERIFIED" if verdict.ok else "REJECTED"
     print(f"{status} reason={verdict.reason} policy={verdict.policy} atol={verdict.atol:g} "
           f"rtol={verdict.rtol:g} trials={verdict.trials} sandbox={verdict.sandbox}")
@@ -129,7 +132,7 @@ def bench_main(argv: list[str] | None = None) -> int:
         return report_user_error("kforge bench", err)
     verdict = verify_candidate(source, args.problem, platform=args.platform, policy=args.policy,
                                preset=args.preset, trials=args.trials, timeout_s=args.timeout,
-                               build_dir=build_dir)
+                               build_dir=build_dir, compare=args.compare)
     out: dict[str, Any] = {"verified": verdict.ok, "reason": verdict.reason, "policy": args.policy,
                            "preset": args.preset, "platform": args.platform}
     if verdict.ok:

@@ -228,8 +228,9 @@ def encode_tensor(t: torch.Tensor) -> tuple[dict[str, Any], bytes]:
     return meta, raw
 
 
-def background_work(threads_before: set[int]) -> list[str]:
-    """Python threads started by the call and still running, and child processes alive."""
+def background_work(threads_before: set[int], harness_pids: frozenset[int] = frozenset()) -> list[str]:
+    """Python threads started by the call and still running, and child processes alive (but
+    ``harness_pids``: the on-device comparison's judge, started before the candidate import)."""
     alive = [
         f"thread {t.name!r}" for t in threading.enumerate()
         if t.ident not in threads_before and t.is_alive() and t is not threading.current_thread()
@@ -243,7 +244,7 @@ def background_work(threads_before: set[int]) -> list[str]:
             fields = stat.rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if int(fields[1]) == me and fields[0] != "Z":
+        if int(fields[1]) == me and fields[0] != "Z" and int(entry.name) not in harness_pids:
             alive.append(f"child process {entry.name}")
     return alive
 

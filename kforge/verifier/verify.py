@@ -19,7 +19,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from kforge.schema import TOLERANCES, Policy, Verdict
 from kforge.verifier.checks import static_check
@@ -31,6 +31,7 @@ from kforge.verifier.runner import JobOutcome, build_folder, run_job
 from kforge.verifier.sandbox import Limits
 
 MODEL_SEED = 42
+Compare = Literal["auto", "host", "device"]
 REFERENCE_CACHE_VERSION = "2"  # 2: the reference runs with TF32 off
 
 
@@ -68,18 +69,24 @@ def verify_candidate(
     source: str, problem_path: Path, *, platform: str, policy: Policy, preset: str = "ci",
     sizes: dict[str, int] | None = None, build_dir: Path | None = None, trials: int = 3,
     timeout_s: float = 120, memory_mb: int = 4096, scratch: Path | None = None,
+    compare: Compare = "auto",
 ) -> Verdict:
-    """Verify one candidate; never raises for anything the candidate does."""
+    """Verify one candidate; never raises for anything the candidate does. ``compare``:
+    ``auto`` compares a CUDA candidate's outputs on the device (``gpu_compare.py``: CUDA IPC to
+    a trusted judge, no trip through host memory) and any other as bytes in the parent
+    (``host``); ``device`` / ``host`` force one (``device`` on a CPU platform runs the same judge
+    with the outputs passed through scratch files: the tests' way to run that path without a
+    GPU)."""
     return run_verification(source, problem_path, platform=platform, policy=policy, preset=preset,
                             sizes=sizes, build_dir=build_dir, trials=trials, timeout_s=timeout_s,
-                            memory_mb=memory_mb, scratch=scratch)
+                            memory_mb=memory_mb, scratch=scratch, compare=compare)
 
 
 def run_verification(
     source: str, problem_path: Path, *, platform: str, policy: Policy, preset: str = "ci",
     sizes: dict[str, int] | None = None, build_dir: Path | None = None, trials: int = 3,
     timeout_s: float = 120, memory_mb: int = 4096, scratch: Path | None = None,
-    static: bool = True, max_pids: int = 256,
+    static: bool = True, max_pids: int = 256, compare: Compare = "auto",
 ) -> Verdict:
     """``verify_candidate`` with knobs for tests: ``static=False`` exercises the dynamic layer
     alone, as if a pattern had slipped past the AST checks."""
@@ -113,17 +120,23 @@ def run_verification(
     build = build_folder(platform, build_dir)
     env = plat.worker_env(build)
     gpu = device == "cuda"
-    limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, max_pids=max_pids)
+    on_device = compare == "device" or (compare == "auto" and gpu)
+    # on the device: the judge (a second process with its own CUDA context) shares the limits,
+    # and the stress inputs are drawn on the host at the timed size
+    limits = Limits(timeout_s=timeout_s * (2 if on_device else 1),
+                    memory_mb=max(memory_mb, 32768) if on_device else memory_mb, max_pids=max_pids)
     cases = [c.to_json() for c in plan_cases(trials, None)]
     shape_index = len(cases)
     cases.append({"index": shape_index, "seed": 99991, "dist": "native", "sizes": "auto"})
     ref_job = {"mode": "reference", "problem_path": str(problem_path), "preset": preset,
                "sizes": sizes, "cases": cases, "device": device, "model_seed": MODEL_SEED}
+    if on_device:
+        ref_job.update(device_compare=True, draw_on_device=True)
     ro = [build, problem_path.parent]
     ref = _reference(ref_job, scratch=scratch, env=env, limits=Limits(timeout_s=max(timeout_s, 300), memory_mb=None), gpu=gpu,
                      ro_paths=ro)
-    extra = {"sandbox": ref.mode if ref.mode != "cache" else "", "device": device,
-             "interpreted": bool(info.interpreted)}
+    extra: dict[str, Any] = {"sandbox": ref.mode if ref.mode != "cache" else "", "device": device,
+                             "interpreted": bool(info.interpreted), "compared_on": "device" if on_device else "host"}
     if ref.reason is not None:
         return verdict(Reason.HARNESS_ERROR, f"reference run failed: {ref.reason}: {ref.detail}", **extra)
     ref_cases = {int(f.header["index"]): f for f in ref.frames if f.header.get("kind") == "case"}
@@ -134,21 +147,40 @@ def run_verification(
         cases[shape_index]["sizes"] = shape_frame.header["sizes"]
     else:
         cases.pop()
-    cand_job = dict(ref_job, mode="candidate", cases=cases)
+    cand_job = dict(ref_job, mode="candidate", cases=cases, tol=tol)
+    link = None
+    if on_device:
+        from kforge.verifier.gpu_compare import JudgeLink
+
+        link = JudgeLink()
     out = run_job(cand_job, scratch_root=scratch, env_extra=env, limits=limits, gpu=gpu,
-                  candidate_source=source, ro_paths=ro)
+                  candidate_source=source, ro_paths=ro, companion=link)
     extra["sandbox"] = out.mode
     notes = _notes(ref)
+    if link is not None and out.reason in (None, Reason.HARNESS_ERROR, Reason.CRASHED):
+        probe = link.results.get(("probe", 0))
+        if probe is None or probe[0].kind is not None:  # before any candidate code: the host's fault
+            why = "; ".join(link.errors[:2]) or out.detail or "the judge never answered"
+            return verdict(Reason.HARNESS_ERROR, (
+                "the on-device comparison does not work here: a tensor the harness shared before "
+                f"any candidate code ran did not reach the judge intact ({why[:600]}); verify with "
+                "compare='host' (verify.compare: host; with verify.preset: ci for GPU-scale outputs)"), **extra)
     if out.reason is not None:
         return verdict(out.reason, out.detail + notes, **extra)
+    answers = None
+    if link is not None:
+        answers = link.results
+        if link.errors:  # the judge could not compare what it was handed
+            return verdict(Reason.CRASHED, "the on-device comparison failed: " + "; ".join(link.errors[:3]) + notes,
+                           **extra)
     cand_cases = {int(f.header["index"]): f for f in out.frames if f.header.get("kind") == "case"}
     j = judge(ref_cases, cand_cases, tol=tol, strict=policy == "strict",
               shape_index=shape_index if shape_index in ref_cases and len(cases) > shape_index else None,
-              platform=platform)
+              platform=platform, on_device=answers)
     extra.update(margins=j.margins, max_margin=max_margin(j.margins))
     if j.reason is Reason.OK:
         repeats = [f for f in out.frames if f.header.get("kind") == "repeat"]
-        stale = judge_repeats(ref_cases, repeats, tol)
+        stale = judge_repeats(ref_cases, repeats, tol, on_device=answers)
         if stale is not None:
             return verdict(stale.reason, stale.detail + notes, trials=j.cases, max_abs_err=stale.max_abs_err,
                            rel_err_norm=stale.rel_err_norm, **extra)
