@@ -128,7 +128,7 @@ def run_refine(
             previous_plan=ctx.store.get_json(prev.plan),
             feedback=feedback,
             recommendation=analysis.recommendation if mode == "optimize" else None,
-            verified_margin=getattr(verified.verdict, "max_margin", None) if verified.verdict.ok else None,
+            verified_margin=verified.verdict.max_margin if verified.verdict.ok else None,
             context=agent_context(
                 ctx, prev.agent, platform=prev.platform, suite=prev.suite, problem=prev.problem,
                 run_dir=prev_dir.parent, rounds=round,
