@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"`python benchmarks/coverage.py {' '.join(map(str, args.folders))} --platforms {args.platforms}"
                 f"{' --verify' if args.verify else ''}`", "",
                 "| file | platform | stage | seconds | reason / plan |", "|---|---|---|---|---|"]
-        body = [f"| {f} | {t} | {s} | {sec:.1f} | {r[:140].replace('|', '/')} |" for f, t, s, r, sec in rows]
+        body = [f"| {f} | {t} | {s} | {sec:.1f} | {' '.join(r.split())[:140].replace('|', '/')} |" for f, t, s, r, sec in rows]
         args.out.write_text("\n".join(head + body + ["", "```", *lines[1:], "```", ""]))
     return 0
 
