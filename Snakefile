@@ -11,6 +11,10 @@ include: "rules/analyze.smk"
 include: "rules/refine.smk"
 include: "rules/report.smk"
 
+# Aggregation over finished records (seconds, no device): under a cluster executor these run on
+# the submitting host instead of queueing as jobs (profiles/slurm); locally nothing changes.
+localrules: tables, report, html_report
+
 
 rule all:
     default_target: True
