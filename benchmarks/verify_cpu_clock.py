@@ -38,7 +38,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--only", default="", help="problems whose name contains this")
+    p.add_argument("--only", default="", help="problems whose name contains one of these (comma-separated)")
     p.add_argument("--candidates", type=Path, default=None, help="folder of <problem>.py candidates (kept)")
     p.add_argument("--tree", type=Path, default=ROOT, help="the kforge checkout to time with")
     p.add_argument("--out", type=Path, default=None)
@@ -92,7 +92,7 @@ def main() -> int:
     results: dict[str, dict[str, list[float]]] = {}
     ks: dict[str, Any] = {}
     for name, path in problems(args.tree).items():
-        if args.only not in name:
+        if not any(part in name for part in args.only.split(",")):
             continue
         source = candidate(name, path, folder)
         if source is None or not PLATFORM.build(source, build).ok:
