@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pwd
 import secrets
 import shutil
 import signal
@@ -31,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-BINARIES = ("mariadbd", "mariadb-install-db", "mariadb", "mungekey", "munged", "slurmdbd",
-            "slurmctld", "slurmd", "sbatch", "squeue", "sacct", "scancel", "sinfo")
+BINARIES = ("mariadbd", "mariadb-install-db", "mariadb", "mungekey", "munged", "munge", "slurmdbd",
+            "slurmctld", "slurmd", "sbatch", "squeue", "sacct", "scancel", "sinfo", "scontrol")
 DAEMONS = ("mariadbd", "munged", "slurmdbd", "slurmctld", "slurmd")  # start order
 MARKER = "KFORGE_LOCALSLURM"  # in every daemon's and (through SLURM_CONF) every job's environment
 
@@ -50,8 +51,6 @@ def missing_requirements() -> str | None:
         return f"missing {', '.join(missing)}: run scripts/cluster/install.sh (Debian packages)"
     for user in ("munge", "mysql"):
         try:
-            import pwd
-
             pwd.getpwnam(user)
         except KeyError:
             return f"no system user {user!r}: the munge / mariadb-server packages are not installed"
