@@ -108,6 +108,20 @@ def test_sum_over_linear_outputs_is_a_gemv_with_the_summed_weight():
     assert any(not k.red_inner for k in rows) and any(k.outer_stores and k.red_inner for k in rows)
 
 
+
+def test_analysis_acts_on_the_rewritten_problem_s_largest_kernel():
+    """After sum_through_linear the GEMM is gone: the dominant kernel is the one with the most
+    work (the weight's column sum, N x K), not the first row kernel (the bias's sum, N)."""
+    from kforge.agents.expert.compiler import dominant, kernel_work
+
+    src = problem(LINEAR, "return torch.tanh(self.linear(x).mean(dim=1, keepdim=True))",
+                  "[torch.randn(16, 32)]", "[32, 24]")
+    prog = plan_problem(src)
+    work = {k.name: kernel_work(prog, k) for k in prog.kernels}
+    assert len(work) >= 2 and len(set(work.values())) > 1
+    assert dominant(prog) == max(work, key=work.__getitem__)
+    assert work[dominant(prog)] == 24 * 32  # W's rows summed: out_features x in_features
+
 @pytest.mark.parametrize("forward,applies", [
     ("return self.linear(x).mean(dim=1)", True),                      # bias, mean, no keepdim
     ("return torch.tanh((self.linear(x) + x[:, :1]).sum(1, keepdim=True))", True),  # residual

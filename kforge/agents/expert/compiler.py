@@ -4,8 +4,8 @@
 
 Knobs are per kernel (``{"k0": {"BLOCK_M": 128, ...}, "k1": {...}}``). Round 0 takes the
 backend's defaults; later rounds start from the previous round's knobs and apply the
-analysis agent's actions to the *dominant* kernel (the GEMM when there is one, else the
-kernel with the most work); a functional failure moves the GEMMs one step up the precision
+analysis agent's actions to the *dominant* kernel (the one with the most work at the traced
+sizes, :func:`kernel_work`); a functional failure moves the GEMMs one step up the precision
 ladder (bf16 -> bf16x2 -> tf32 -> bf16x3 -> tf32x3 -> ieee, the steps the policy allows: round 0 starts at
 the cheapest) or back to the defaults; a pass by a wide margin lets the analysis move one step
 down (:func:`step_down`).
@@ -19,7 +19,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from kforge.agents.expert.kernels import GemmKernel, PointwiseKernel, Program, RowKernel
+from kforge.agents.expert.kernels import (
+    GemmKernel,
+    Kernel,
+    PointwiseKernel,
+    Program,
+    RowKernel,
+    ScanKernel,
+)
 from kforge.schema import GenerationRequest
 
 FUNCTIONAL_STAGES = ("compile", "verify", "profile")
@@ -30,14 +37,30 @@ STEP_DOWN_MARGIN = 0.02  # max |err| / allowed below this on every case: the nex
 ROW_ALIASES = {"BLOCK_N": "BLOCK_R"}  # the analysis rules' name for a row kernel's chunk
 
 
+def kernel_work(program: Program, kernel: Kernel) -> int:
+    """Points a kernel visits at the traced sizes: 2 * K per output for a GEMM (a multiply and
+    an add), the whole iteration space otherwise."""
+    if isinstance(kernel, GemmKernel):
+        batch = program.hint(kernel.batch) if kernel.batch is not None else 1
+        return 2 * batch * program.hint(kernel.m) * program.hint(kernel.n) * program.hint(kernel.k)
+    if isinstance(kernel, RowKernel):
+        dims = (*kernel.outer, *kernel.red)
+    elif isinstance(kernel, ScanKernel):
+        dims = (*kernel.outer, kernel.length)
+    else:
+        dims = tuple(getattr(kernel, "space", ()))
+    total = 1
+    for dim in dims:
+        total *= program.hint(dim)
+    return total
+
+
 def dominant(program: Program) -> str | None:
-    gemms = [k for k in program.kernels if isinstance(k, GemmKernel)]
-    if gemms:
-        return gemms[0].name
-    rows = [k for k in program.kernels if isinstance(k, RowKernel)]
-    if rows:
-        return rows[0].name
-    return program.kernels[0].name if program.kernels else None
+    """The kernel the analysis acts on: the one with the most work (after rewrites a problem's
+    GEMM may be gone and its GEMV is a row kernel beside tiny bias sums); ties go to the first."""
+    if not program.kernels:
+        return None
+    return max(program.kernels, key=lambda k: kernel_work(program, k)).name
 
 
 def graph_summary(program: Program, name: str | None) -> dict[str, Any]:
