@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
 # Everything the H200 runs for KForge, in phases that resume across device calls:
 #   scripts/h200_session.sh WHEELS_DIR OUT_DIR SECONDS
-# Phases, in order, each skipped once done (markers in .h200-state/, which survives while the
-# device machine stays warm, or comes back as a carried folder):
-#   pipeline   scripts/gpu_pipeline.sh over configs/h200.yaml (resumes a cut run)
-#   gputests   pytest -m gpu for the verifier's and the platforms' GPU rows (3 files at once)
-#   baselines  benchmarks/baselines.py --preset full --device cuda for starter, level1, level2
-# SECONDS bounds the whole call; each phase gets what is left, less a reserve for packing up.
+# KFORGE_SESSION_PHASES picks and orders the phases (default "pipeline gputests baselines"):
+#   pipeline          scripts/gpu_pipeline.sh over $KFORGE_SESSION_CONFIG (default configs/h200.yaml)
+#   pipeline:POLICY   the same with the config's `policy:` set to POLICY (strict, relaxed, ...);
+#                     each policy's report and run records land in OUT_DIR/pipeline_POLICY
+#   verifygpu         issue 15's GPU rows: benchmarks/verify_gpu_check.py, then
+#                     pytest -m gpu tests/verifier/test_gpu_verify.py
+#   gputests          pytest -m gpu for the verifier's and the platforms' GPU rows (3 files at once)
+#   baselines         benchmarks/baselines.py --preset full --device cuda for starter, level1, level2
+# Each phase is skipped once done (markers in .h200-state/, which survives while the device
+# machine stays warm, or comes back as a carried folder). SECONDS bounds the whole call; each
+# phase gets what is left, less a reserve for packing up.
 set -uo pipefail
 wheels=$1; out=$2; budget=$3
+phases=${KFORGE_SESSION_PHASES:-pipeline gputests baselines}
+base_config=${KFORGE_SESSION_CONFIG:-configs/h200.yaml}
 state=.h200-state
 mkdir -p "$out" "$state"
 deadline=$(( $(date +%s) + budget - 25 ))
 left() { echo $(( deadline - $(date +%s) )); }
-if [ -f "$state/artifacts.tgz" ] && [ ! -d artifacts/runs ]; then  # a carried run to resume
-  tar xzf "$state/artifacts.tgz"
-fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target "$PWD/.kforge-site" "$wheels"/*.whl || exit 1
 export PYTHONPATH="$PWD/.kforge-site":$PWD${PYTHONPATH:+:$PYTHONPATH}
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-echo "commit $commit (plus the working tree as copied), start $(date -u +%FT%TZ)" | tee "$out/session.txt"
+echo "commit $commit (plus the working tree as copied), start $(date -u +%FT%TZ), phases: $phases" | tee "$out/session.txt"
 
 code=$(find kforge -type f \( -name '*.py' -o -name '*.md' \) | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)
 if [ -f "$state/code" ] && [ "$(cat "$state/code")" != "$code" ]; then  # see docs/GPU.md
@@ -28,47 +32,86 @@ if [ -f "$state/code" ] && [ "$(cat "$state/code")" != "$code" ]; then  # see do
 fi
 [ -f "$state/code" ] || echo "$code" > "$state/code"
 
-if [ ! -f "$state/pipeline.done" ] && [ "$(left)" -gt 60 ]; then
-  GPU_PIPELINE_TIMEOUT=$(( $(left) - 40 )) bash scripts/gpu_pipeline.sh "$wheels" "${KFORGE_SESSION_CONFIG:-configs/h200.yaml}" "$out/pipeline"
+run_pipeline() {  # $1: marker name, $2: config file, $3: output folder
+  local name=$1 config=$2 dest=$3 rc
+  # a pipeline cut in an earlier call resumes from its carried records
+  if [ -f "$state/$name.tgz" ] && [ ! -f "$state/$name.unpacked" ]; then
+    rm -rf artifacts .snakemake/metadata && tar xzf "$state/$name.tgz" && touch "$state/$name.unpacked"
+  fi
+  GPU_PIPELINE_TIMEOUT=$(( $(left) - 40 )) bash scripts/gpu_pipeline.sh "$wheels" "$config" "$dest"
   rc=$?
-  [ $rc -ne 124 ] && [ $rc -ne 137 ] && touch "$state/pipeline.done"  # finished, failed jobs or not
-  echo "pipeline exit $rc" | tee -a "$out/session.txt"
+  [ $rc -ne 124 ] && [ $rc -ne 137 ] && touch "$state/$name.done"  # finished, failed jobs or not
+  echo "$name exit $rc" | tee -a "$out/session.txt"
   # ninja's logs of the CUDA extension builds: did a verify worker rebuild what compile built?
-  find artifacts/build -name .ninja_log -print0 2>/dev/null | tar czf "$out/ninja_logs.tgz" --null -T - 2>/dev/null
+  find artifacts/build -name .ninja_log -print0 2>/dev/null | tar czf "$dest/ninja_logs.tgz" --null -T - 2>/dev/null
   # the run's state, small enough to carry back into a cold machine
-  tar czf "$state/artifacts.tgz" --exclude='artifacts/build' artifacts .snakemake/metadata 2>/dev/null
-  cp "$state/artifacts.tgz" "$out/state.tgz"
-fi
+  tar czf "$state/$name.tgz" --exclude='artifacts/build' artifacts .snakemake/metadata 2>/dev/null
+  cp "$state/$name.tgz" "$out/state_$name.tgz"
+  if [ -f "$state/$name.done" ]; then rm -rf artifacts .snakemake/metadata; fi  # the next policy starts clean
+}
 
-if [ -f "$state/pipeline.done" ] && [ ! -f "$state/gputests.done" ] && [ "$(left)" -gt 60 ]; then
-  # The three GPU test files at once (correctness rows, no timing floors; builds use the cores).
-  pids=()
-  for f in tests/verifier/test_gpu_faults.py tests/verifier/test_gpu_sanitizer.py tests/platforms/test_gpu_platforms.py; do
-    timeout -k 10 $(( $(left) - 20 )) python3 -m pytest -q -m gpu -p no:cacheprovider -rA "$f" \
-      > "$out/gpu_tests_$(basename "$f" .py).txt" 2>&1 &
-    pids+=($!)
-  done
-  rc=0
-  for pid in "${pids[@]}"; do wait "$pid"; r=$?; [ $r -gt $rc ] && rc=$r; done
-  cat "$out"/gpu_tests_test_*.txt > "$out/gpu_tests.txt"
-  [ $rc -ne 124 ] && [ $rc -ne 137 ] && touch "$state/gputests.done"
-  echo "gpu tests exit $rc" | tee -a "$out/session.txt"
-  tail -30 "$out/gpu_tests.txt"
-fi
-
-for suite in starter level1 level2; do
-  [ -f "$state/gputests.done" ] || break
-  [ -f "$state/baselines_$suite.done" ] && continue
-  [ "$(left)" -gt 60 ] || break
-  timeout -k 10 $(( $(left) - 10 )) python3 benchmarks/baselines.py --suite "problems/$suite" \
-    --preset full --device cuda --compile-workers 8 --markdown "$out/baselines_${suite}_h200.md" \
-    > "$out/baselines_$suite.log" 2>&1
-  rc=$?
-  [ $rc -le 1 ] && touch "$state/baselines_$suite.done"  # 1: some problems skipped
-  echo "baselines $suite exit $rc" | tee -a "$out/session.txt"
+for phase in $phases; do
+  [ "$(left)" -gt 60 ] || { echo "no time left for $phase" | tee -a "$out/session.txt"; break; }
+  case $phase in
+    pipeline)
+      [ -f "$state/pipeline.done" ] || run_pipeline pipeline "$base_config" "$out/pipeline" ;;
+    pipeline:*)
+      policy=${phase#pipeline:}; name=pipeline_$policy
+      [ -f "$state/$name.done" ] && continue
+      sed -E "s/^policy:.*/policy: $policy/" "$base_config" > "$state/$name.yaml"
+      if [ -f "$state/compare_host" ]; then
+        sed -i -E "s/^(  compare:).*/\1 host/" "$state/$name.yaml"
+        echo "$name: outputs compared on the host (no on-device judge here)" | tee -a "$out/session.txt"
+      fi
+      grep -q "^policy: $policy\$" "$state/$name.yaml" || echo "policy: $policy" >> "$state/$name.yaml"
+      run_pipeline "$name" "$state/$name.yaml" "$out/$name" ;;
+    verifygpu)
+      [ -f "$state/verifygpu.done" ] && continue
+      mkdir -p "$out/verifygpu"
+      timeout -k 10 $(( $(left) / 2 )) python3 benchmarks/verify_gpu_check.py --out "$out/verifygpu" \
+        > "$out/verifygpu/check.log" 2>&1
+      echo "verify_gpu_check exit $?" | tee -a "$out/session.txt"
+      # the pipeline phases compare on the host if the honest control did not verify on the device
+      python3 -c 'import json, sys; rows = json.load(open(sys.argv[1]))["rows"]
+sys.exit(0 if any(r["kind"] == "verify full" and r["candidate"] == "HONEST" and r["pass"] for r in rows) else 1)' \
+        "$out/verifygpu/verify_gpu_check.json" 2>/dev/null || touch "$state/compare_host"
+      timeout -k 10 $(( $(left) - 20 )) python3 -m pytest -q -m gpu -p no:cacheprovider -rA \
+        tests/verifier/test_gpu_verify.py > "$out/verifygpu/gpu_verify_tests.txt" 2>&1
+      rc=$?
+      echo "test_gpu_verify exit $rc" | tee -a "$out/session.txt"
+      tail -15 "$out/verifygpu/gpu_verify_tests.txt"
+      [ $rc -ne 124 ] && [ $rc -ne 137 ] && touch "$state/verifygpu.done" ;;
+    gputests)
+      [ -f "$state/gputests.done" ] && continue
+      # The three GPU test files at once (correctness rows, no timing floors; builds use the cores).
+      pids=()
+      for f in tests/verifier/test_gpu_faults.py tests/verifier/test_gpu_sanitizer.py tests/platforms/test_gpu_platforms.py; do
+        timeout -k 10 $(( $(left) - 20 )) python3 -m pytest -q -m gpu -p no:cacheprovider -rA "$f" \
+          > "$out/gpu_tests_$(basename "$f" .py).txt" 2>&1 &
+        pids+=($!)
+      done
+      rc=0
+      for pid in "${pids[@]}"; do wait "$pid"; r=$?; [ $r -gt $rc ] && rc=$r; done
+      cat "$out"/gpu_tests_test_*.txt > "$out/gpu_tests.txt"
+      [ $rc -ne 124 ] && [ $rc -ne 137 ] && touch "$state/gputests.done"
+      echo "gpu tests exit $rc" | tee -a "$out/session.txt"
+      tail -30 "$out/gpu_tests.txt" ;;
+    baselines)
+      for suite in starter level1 level2; do
+        [ -f "$state/baselines_$suite.done" ] && continue
+        [ "$(left)" -gt 60 ] || break
+        timeout -k 10 $(( $(left) - 10 )) python3 benchmarks/baselines.py --suite "problems/$suite" \
+          --preset full --device cuda --compile-workers 8 --markdown "$out/baselines_${suite}_h200.md" \
+          > "$out/baselines_$suite.log" 2>&1
+        rc=$?
+        [ $rc -le 1 ] && touch "$state/baselines_$suite.done"  # 1: some problems skipped
+        echo "baselines $suite exit $rc" | tee -a "$out/session.txt"
+      done ;;
+    *) echo "unknown phase $phase" | tee -a "$out/session.txt" ;;
+  esac
 done
 ls "$state" | tee -a "$out/session.txt"
-# A call brings back at most 8 files: everything but these two goes into one tarball.
-( cd "$out" && find . -type f ! -name session.txt ! -name state.tgz ! -name results.tgz -print0 \
+# A call brings back at most 8 files: everything but these goes into one tarball.
+( cd "$out" && find . -type f ! -name session.txt ! -name 'state_*.tgz' ! -name results.tgz -print0 \
     | tar czf results.tgz --null -T - --remove-files ) 2>/dev/null
 find "$out" -mindepth 1 -type d -empty -delete 2>/dev/null
