@@ -165,7 +165,8 @@ def run_one(path: Path, device: str, preset: str, rounds: int) -> dict[str, Any]
             new.load_state_dict(ref.state_dict())
             with torch.no_grad():
                 entry.update(judge(_flat(new(*inputs)), want))
-                ms = min(do_bench(lambda: new(*inputs), return_mode="median") for _ in range(rounds))
+                ms = min(do_bench(lambda: new(*inputs), return_mode="median")  # noqa: B023 (run at once)
+                         for _ in range(rounds))
             unit, products = PRODUCTS[plan[0]]
             tflops = row["gflop"] / ms  # GFLOP / ms = TFLOP/s
             entry.update(ms=ms, speedup=best / ms, tflops=tflops, frac_peak=tflops * products / PEAK_TFLOPS[unit])

@@ -102,12 +102,15 @@ def main() -> int:
 
     def row(kind: str, name: str, expect: str, **data: Any) -> None:
         data.update(kind=kind, candidate=name, expect=expect)
-        data["pass"] = data.get("reason") == expect
+        data["pass"] = data.get("reason") in expect.split("|")
         rows.append(data)
         print(json.dumps(data, default=str), flush=True)
 
-    verifications = [("HONEST", "ok"), ("INDEX_BUG", "output_mismatch"), ("STALE_AFTER_N", "stale_output"),
-                     ("CACHE_BY_PTR", "stale_output")]
+    # Any rejection that names what is wrong counts: the unwritten rows of INDEX_BUG hold what
+    # the allocator left (NaN on the H200: nonfinite), and CACHE_BY_PTR's cache answers the
+    # verifier's scaled case (same buffer, new contents) before the repeat phase sees it.
+    verifications = [("HONEST", "ok"), ("INDEX_BUG", "output_mismatch|nonfinite"), ("STALE_AFTER_N", "stale_output"),
+                     ("CACHE_BY_PTR", "stale_output|output_mismatch")]
     for name, expect in verifications:
         if args.only not in name:
             continue

@@ -122,6 +122,10 @@ class ProfileConfig(Strict):
     timeout_s: float = Field(300.0, gt=0)
     threads: int | None = None  # CPU threads for candidate and baselines (None: all cores)
     ncu: bool = False  # Nsight Compute metrics for GPU candidates when ncu is on the PATH
+    # select times torch.compile of the reference beside eager. false: eager only (quick runs,
+    # CPU hosts where inductor's compile costs ~20 s a problem); the report's compile columns
+    # stay empty, every row's detail says so, and the ship rule compares with eager alone.
+    compile_baseline: bool = True
 
 
 class TransferConfig(Strict):

@@ -249,6 +249,9 @@ class GenerationRequest(Record):
     # max |err| / allowed over the previous round's verified cases (None: not verified / unknown);
     # a wide margin lets the embedded agent try one precision step down
     verified_margin: float | None = None
+    # max |err| / allowed of the previous round's verdict when it failed (None: passed or
+    # unknown): how far an accuracy repair must climb the precision ladder
+    failed_margin: float | None = None
     transfer_source: str | None = None  # a verified kernel from another platform
     transfer_platform: str | None = None
     context: AgentContext | None = None  # LLM agents' context (None: the embedded agent)

@@ -17,7 +17,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-def write_config(workdir: Path, **overrides: Any) -> Path:
+def write_config(workdir: Path, *, eager_only: bool = False, **overrides: Any) -> Path:
+    """kforge.yaml for a CI-sized run. ``eager_only``: select times eager alone
+    (``profile.compile_baseline: false``), for tests of something other than the baselines:
+    inductor's compile is ~20 s of every select on 2 cores."""
     config: dict[str, Any] = {
         "store": "artifacts",
         "policy": "strict",
@@ -31,6 +34,8 @@ def write_config(workdir: Path, **overrides: Any) -> Path:
     }
     for key, value in overrides.items():
         config[key] = value
+    if eager_only:
+        config["profile"] = {**config["profile"], "compile_baseline": False}
     path = workdir / "kforge.yaml"
     path.write_text(yaml.safe_dump(config))
     return path

@@ -128,6 +128,36 @@ def test_step_down_and_up_follow_the_policy() -> None:
     assert step_down("bf16x3", "relaxed", 0.5) is None and step_down("bf16x3", "relaxed", None) is None
 
 
+@pytest.mark.parametrize("precision,policy,margin,expect", [
+    # the H200 level2 run: bf16 missed 1e-2 by 1.39x (002); bf16x2 would still miss (0.95)
+    ("bf16", "relaxed", 1.39, "tf32"),
+    ("bf16", "relaxed", 1.9, "bf16x3"),     # tf32 predicted at 0.83: over the target
+    ("bf16", "relaxed", 1.02, "bf16x2"),    # a hair over: the next step is enough
+    ("bf16x3", "strict", 2.3, "tf32x3"),    # 020 strict: tf32x3 then passed at 0.33
+    ("bf16x3", "strict", 500.0, "ieee"),    # nothing predicted to pass: the top
+    ("bf16", "relaxed", None, "bf16x2"),    # no margin on record: one step
+    ("bf16", "relaxed", 0.9, "bf16x2"),     # a failure that is not an error margin: one step
+])
+def test_an_accuracy_repair_climbs_as_far_as_the_failed_margin_says(precision: str, policy: str,
+                                                                    margin: float | None, expect: str) -> None:
+    from kforge.agents.expert.compiler import step_up
+
+    assert step_up(precision, policy, margin) == expect
+
+
+def test_the_failed_margin_reaches_the_repair_round() -> None:
+    """refine hands the failing verdict's margin to the agent; one repair round then goes
+    straight to the step predicted to pass."""
+    fb = [Feedback(stage="verify", reason="output_mismatch", detail="case 3 (scaled): margin 1.39x")]
+    first = AGENT.generate(request("gemm_gelu_scale", platform="triton", policy="relaxed"))
+    name = first.plan["dominant"]
+    assert first.plan["knobs"][name]["precision"] == "bf16"
+    up = AGENT.generate(request("gemm_gelu_scale", platform="triton", policy="relaxed").model_copy(
+        update=dict(round=1, previous_plan=first.plan, feedback=fb, failed_margin=1.39)))
+    assert up.plan["knobs"][name]["precision"] == "tf32" and up.plan["failed_precisions"] == ["bf16"]
+    assert any("failed at margin 1.39" in note for note in up.plan.get("notes", [])), up.plan.get("notes")
+
+
 @pytest.mark.parametrize(
     "source,platform,expect",
     [("import torch\nclass Model(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"

@@ -187,7 +187,7 @@ def test_two_snakemake_processes_over_one_store(tmp_path: Path) -> None:
         (workdir / "artifacts" / "cas").symlink_to(shared / "cas", target_is_directory=True)
         write_config(workdir, suites={"tiny": {"path": str(REPO / "problems" / "starter"), "preset": "ci",
                                                "include": list(PROBLEMS)}},
-                     rounds={"functional": 0, "optimization": 0})
+                     rounds={"functional": 0, "optimization": 0}, eager_only=True)
         workdirs.append(workdir)
     procs = [_snakemake(w) for w in workdirs]
     codes = [p.wait(timeout=600) for p in procs]

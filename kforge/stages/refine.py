@@ -129,6 +129,7 @@ def run_refine(
             feedback=feedback,
             recommendation=analysis.recommendation if mode == "optimize" else None,
             verified_margin=verified.verdict.max_margin if verified.verdict.ok else None,
+            failed_margin=verified.verdict.max_margin if not verified.verdict.ok else None,
             context=agent_context(
                 ctx, prev.agent, platform=prev.platform, suite=prev.suite, problem=prev.problem,
                 run_dir=prev_dir.parent, rounds=round,

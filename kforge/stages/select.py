@@ -175,6 +175,7 @@ def run_select(
             build_dir=ctx.build_dir.resolve(), warmup=prof.warmup, reps=prof.reps,
             threads=prof.threads, timeout_s=prof.timeout_s, peaks=host_peaks(ctx, verdicts[best].verdict.device),
             remeasure=lambda: host_peaks(ctx, verdicts[best].verdict.device, fresh=True),
+            compile_baseline=prof.compile_baseline,
         )
         hit = {"profile": ctx.store.put_json(profile), "seconds": round(time.perf_counter() - start, 3)}
         ctx.ledger("select", platform=first.platform, problem=first.problem, source=best_source)
@@ -231,6 +232,10 @@ def _timed_record(common: dict, profile, best: int, best_dir: Path, best_source,
     threshold = ship_threshold(profile.candidate.cv, faster.cv) if faster else None
     flagged = bool(profile.extra.get("beats_roofline"))
     status, detail = ship_status(ratio, threshold, flagged)
+    if profile.extra.get("compile_skipped"):
+        detail += " (torch.compile not timed: profile.compile_baseline is false)"
+    elif profile.extra.get("compile_error"):
+        detail += f" (torch.compile failed: {str(profile.extra['compile_error'])[:120]})"
     return SelectionRecord(
         **common,
         status=status,

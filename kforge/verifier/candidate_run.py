@@ -285,7 +285,10 @@ def run_profile(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> No
     fns: dict[str, Callable[..., Any]] = {"candidate": new}
     extra: dict[str, Any] = {"pin": pin, "checked": checked.note or "checked",
                              "parent_clock": clock is not None, "input_sets": checked.plan.capacity}
-    if job.get("baselines"):
+    if job.get("baselines") and not job.get("compile_baseline", True):
+        fns["eager"] = ref
+        extra["compile_skipped"] = True
+    elif job.get("baselines"):
         fns["eager"] = ref
         try:
             compiled = torch.compile(ref)

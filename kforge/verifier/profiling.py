@@ -83,6 +83,7 @@ def profile_candidate(
     warmup: int = 3, reps: int = 20, threads: int | None = None, timeout_s: float = 300,
     peaks: Peaks | None = None, remeasure: Callable[[], Peaks] | None = None,
     policy: Policy | None = None, parent_clock: bool = True, batch_ns: int | None = None,
+    compile_baseline: bool = True,
 ) -> Profile:
     """Timing record of one candidate; never raises for anything the candidate does.
     ``remeasure`` re-measures the peaks before a flag (see :func:`roofline`). The timed calls'
@@ -101,7 +102,8 @@ def profile_candidate(
     build = build_folder(platform, build_dir)
     problem_path = Path(problem_path).resolve()
     job = {"mode": "profile", "problem_path": str(problem_path), "preset": preset, "sizes": sizes,
-           "device": device, "model_seed": MODEL_SEED, "baselines": baselines, "warmup": warmup,
+           "device": device, "model_seed": MODEL_SEED, "baselines": baselines,
+           "compile_baseline": compile_baseline, "warmup": warmup,
            "reps": reps, "threads": threads, "tol": TOLERANCES[policy] if policy else None,
            "batch_ns": batch_ns}
     clocks_before = read_clocks() if device == "cuda" else {"clock_telemetry": "unavailable",
@@ -160,9 +162,12 @@ def profile_candidate(
 def time_against_baselines(source: str, problem_path: Path, *, platform: str, policy: Policy, preset: str = "ci",
                            sizes: dict[str, int] | None = None, build_dir: Path | None = None, warmup: int = 3,
                            reps: int = 20, threads: int | None = None, timeout_s: float = 300,
-                           peaks: Peaks | None = None, remeasure: Callable[[], Peaks] | None = None) -> Profile:
+                           peaks: Peaks | None = None, remeasure: Callable[[], Peaks] | None = None,
+                           compile_baseline: bool = True) -> Profile:
     """The candidate, eager and torch.compile timed alternately in one process through the
-    checked path: what the pipeline's ``select`` stage and ``kforge bench`` report."""
+    checked path: what the pipeline's ``select`` stage and ``kforge bench`` report.
+    ``compile_baseline=False`` leaves torch.compile out (``extra["compile_skipped"]``)."""
     return profile_candidate(source, problem_path, platform=platform, preset=preset, sizes=sizes,
                              build_dir=build_dir, baselines=True, warmup=warmup, reps=reps, threads=threads,
-                             timeout_s=timeout_s, peaks=peaks, remeasure=remeasure, policy=policy)
+                             timeout_s=timeout_s, peaks=peaks, remeasure=remeasure, policy=policy,
+                             compile_baseline=compile_baseline)

@@ -35,7 +35,7 @@ KEY = ("agent", "platform", "suite", "problem")
 def _config(workdir: Path) -> None:
     write_config(workdir, suites={"tiny": {"path": str(REPO / "problems" / "starter"), "preset": "ci",
                                            "include": PROBLEMS}},
-                 rounds={"functional": 0, "optimization": 0})
+                 rounds={"functional": 0, "optimization": 0}, eager_only=True)
 
 
 def report_rows(workdir: Path) -> dict[tuple[str, ...], dict[str, Any]]:
@@ -110,7 +110,8 @@ def test_pipeline_through_slurm_matches_a_local_run(cluster: Any, tmp_path: Path
            "--configfile", str(remote / "kforge.yaml"), "--profile", str(REPO / "profiles" / "slurm"),
            "--cores", str(os.cpu_count() or 1),
            # one node, nothing queued ahead: poll early (the profile waits 20 s for real queues)
-           "--slurm-init-seconds-before-status-checks", "1", "artifacts/report.parquet"]
+           "--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "2",
+           "artifacts/report.parquet"]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=remote, env=cluster.env(), capture_output=True, text=True, timeout=900)
     TIMES["slurm run"] = time.perf_counter() - start

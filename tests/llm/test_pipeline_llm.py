@@ -92,6 +92,7 @@ def respond(request: Received) -> Reply:
 def configure(workdir: Path, srv: ScriptedServer) -> None:
     write_config(
         workdir,
+        eager_only=True,  # the LLM seam is under test, not the baselines (tests/test_pipeline.py)
         agents={
             "local": {
                 "kind": "litellm",
@@ -127,6 +128,9 @@ def test_pipeline_with_an_llm_agent(tmp_path: Path) -> None:
     assert [(r["problem"], r["verified"]) for r in rows] == [(PROBLEM, True)], rows
     assert rows[0]["status"] in ("shipped", "no_gain"), rows
     assert rows[0]["prompt_tokens"] and rows[0]["cost_usd"] and rows[0]["cost_usd"] > 0
+    # eager only (profile.compile_baseline: false): no compile figures, and the row says why
+    assert rows[0]["eager_ms"] and rows[0]["compile_ms"] is None and rows[0]["speedup_vs_compile"] is None
+    assert "torch.compile not timed" in str(rows[0]["detail"]), rows[0]["detail"]
 
     generations = [r for r in first.received if "performance analyst" not in r.user_text]
     assert len(generations) == 2

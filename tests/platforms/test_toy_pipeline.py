@@ -79,6 +79,7 @@ def test_toy_platform_runs_through_the_pipeline(tmp_path: Path) -> None:
         workdir.mkdir()
         write_config(
             workdir,
+            eager_only=True,
             agents={"local": {"kind": "litellm", "model": "openai/toy", "api_base": srv.api_base,
                               "timeout_s": 30, "num_retries": 1}},
             suites={"one": {"path": str(REPO / "problems" / "starter"), "include": [PROBLEM]}},

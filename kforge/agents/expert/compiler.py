@@ -34,6 +34,11 @@ FUNCTIONAL_STAGES = ("compile", "verify", "profile")
 # of one 1024 x 8192 x 8192 GEMM + epilogue 9.8e-3, 6.7e-3, 4.3e-3, 1.6e-4, 2.3e-5, 9.5e-7).
 PRECISION_LADDER = ("bf16", "bf16x2", "tf32", "bf16x3", "tf32x3", "ieee")
 STEP_DOWN_MARGIN = 0.02  # max |err| / allowed below this on every case: the next step down is tried
+# Max error of each step relative to bf16's on that measurement: an accuracy repair predicts
+# each step's margin as (failed margin) x (its error / the failed step's) and takes the cheapest
+# step predicted at or below STEP_UP_TARGET, instead of climbing one step a round.
+STEP_ERROR = {"bf16": 9.8e-3, "bf16x2": 6.7e-3, "tf32": 4.3e-3, "bf16x3": 1.6e-4, "tf32x3": 2.3e-5, "ieee": 9.5e-7}
+STEP_UP_TARGET = 0.7
 ROW_ALIASES = {"BLOCK_N": "BLOCK_R"}  # the analysis rules' name for a row kernel's chunk
 
 
@@ -100,13 +105,23 @@ def _allowed(policy: str) -> tuple[str, ...]:
     return tuple(p for p in PRECISION_LADDER if p in allowed_precisions(policy))
 
 
-def step_up(precision: str, policy: str) -> str | None:
-    """The next more accurate precision the policy allows (None at the top)."""
+def step_up(precision: str, policy: str, margin: float | None = None) -> str | None:
+    """A more accurate precision the policy allows (None at the top): the next one, or, given
+    the failed verdict's ``margin`` (max |err| / allowed > 1), the cheapest one whose predicted
+    margin (``margin`` scaled by :data:`STEP_ERROR`) is at most :data:`STEP_UP_TARGET`; the most
+    accurate allowed step when none is predicted to pass."""
     ladder = _allowed(policy)
     if precision not in PRECISION_LADDER:
         return None
     above = [p for p in ladder if PRECISION_LADDER.index(p) > PRECISION_LADDER.index(precision)]
-    return above[0] if above else None
+    if not above:
+        return None
+    if margin is None or not margin > 1.0 or precision not in STEP_ERROR:
+        return above[0]
+    for step in above:
+        if margin * STEP_ERROR[step] / STEP_ERROR[precision] <= STEP_UP_TARGET:
+            return step
+    return above[-1]
 
 
 def step_down(precision: str, policy: str, margin: float | None) -> str | None:
@@ -157,10 +172,11 @@ def round_knobs(program: Program, defaults: dict[str, dict[str, Any]], request: 
         changed = []
         if "mismatch" in reason or "precision" in reason:
             for name, kv in knobs.items():
-                up = step_up(str(kv.get("precision", "")), request.policy)
+                up = step_up(str(kv.get("precision", "")), request.policy, request.failed_margin)
                 if up is not None:
                     knobs[name] = set_precision(program, name, kv, up)
-                    changed.append(f"{name} precision -> {up}")
+                    why = f" (failed at margin {request.failed_margin:.3g})" if request.failed_margin else ""
+                    changed.append(f"{name} precision -> {up}{why}")
         if changed:
             return knobs, [f"repair after {reason}: " + ", ".join(changed)]
         return defaults, [f"repair after {reason}: back to the default knobs"]
