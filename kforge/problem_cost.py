@@ -178,10 +178,12 @@ class _Probe:
 
 def _probe(module: types.ModuleType, values: dict[str, int], forward: bool) -> _Probe | None:
     """Build the model and inputs on ``meta`` with ``values``; None when that fails."""
-    saved = {key: getattr(module, key) for key in values}
+    from kforge.problems import get_size, set_size
+
+    saved = {key: get_size(module, key) for key in values}
     try:
         for key, value in values.items():
-            setattr(module, key, value)
+            set_size(module, key, value)
         model, inputs = _build(module, "meta")
         flops = count_flops(model, inputs) if forward else 0.0
         n_in = sum(t.numel() for t in inputs if isinstance(t, torch.Tensor))
@@ -191,7 +193,7 @@ def _probe(module: types.ModuleType, values: dict[str, int], forward: bool) -> _
         return None
     finally:
         for key, value in saved.items():
-            setattr(module, key, value)
+            set_size(module, key, value)
 
 
 def generic_shrink(module: types.ModuleType, sizes: dict[str, int]) -> dict[str, int]:
@@ -222,7 +224,14 @@ def generic_shrink(module: types.ModuleType, sizes: dict[str, int]) -> dict[str,
         trial = {**current, key: value // 2}
         result = _probe(module, trial, forward=forward)
         if result is None:
-            frozen.add(key)
-            continue
+            # constants that must stay equal (KernelBench's HingeLoss broadcasts a [batch_size]
+            # target over input_shape[0] == batch_size columns): halve them together
+            twins = [k for k, v in current.items() if v == value and k not in frozen]
+            if len(twins) > 1:
+                trial = {**current, **{k: value // 2 for k in twins}}
+                result = _probe(module, trial, forward=forward)
+            if result is None:
+                frozen.add(key)
+                continue
         current, probe = trial, result
     return {key: value for key, value in current.items() if value != sizes[key]}

@@ -56,6 +56,8 @@ __all__ = [
     "problem_meta",
     "reference_case",
     "size_constants",
+    "get_size",
+    "set_size",
 ]
 
 ERROR_KINDS = (
@@ -117,12 +119,44 @@ class LoadedProblem:
 
 
 def size_constants(module: types.ModuleType) -> dict[str, int]:
-    """Public module-level ``int`` constants (bools excluded), in definition order."""
-    return {
-        key: value
-        for key, value in vars(module).items()
-        if not key.startswith("_") and type(value) is int
-    }
+    """Public module-level ``int`` constants (bools excluded), in definition order; the
+    elements of a public tuple of ints (KernelBench's ``input_shape = (32768,)``) as
+    ``name[i]``."""
+    out: dict[str, int] = {}
+    for key, value in vars(module).items():
+        if key.startswith("_"):
+            continue
+        if type(value) is int:
+            out[key] = value
+        elif type(value) is tuple and value and all(type(v) is int for v in value):
+            out.update({f"{key}[{i}]": v for i, v in enumerate(value)})
+    return out
+
+
+def _tuple_key(key: str) -> tuple[str, int] | None:
+    if key.endswith("]") and "[" in key:
+        name, index = key[:-1].split("[", 1)
+        if index.isdigit():
+            return name, int(index)
+    return None
+
+
+def get_size(module: types.ModuleType, key: str) -> int:
+    """A size constant's value: ``name`` or a tuple element ``name[i]``."""
+    split = _tuple_key(key)
+    return getattr(module, split[0])[split[1]] if split else getattr(module, key)
+
+
+def set_size(module: types.ModuleType, key: str, value: int) -> None:
+    """Set a size constant: ``name``, or element i of the tuple ``name`` for ``name[i]``."""
+    split = _tuple_key(key)
+    if split is None:
+        setattr(module, key, value)
+        return
+    name, index = split
+    items = list(getattr(module, name))
+    items[index] = value
+    setattr(module, name, tuple(items))
 
 
 # --------------------------------------------------------------------------- loading
@@ -243,7 +277,7 @@ def _load(
         raise fail("no_get_init_inputs", "the file defines no callable `get_init_inputs()`")
 
     for key, value in _preset_sizes(module, preset, fail).items():
-        setattr(module, key, value)
+        set_size(module, key, value)
     known = size_constants(module)
     for key, value in (sizes or {}).items():
         if key not in known and lenient:
@@ -252,7 +286,7 @@ def _load(
             raise fail("bad_preset", f"unknown size constant {key!r}; known: {sorted(known)}")
         if type(value) is not int:
             raise fail("bad_preset", f"size {key!r} must be an int, got {value!r}")
-        setattr(module, key, value)
+        set_size(module, key, value)
 
     _check_inputs(module, fail)
     return LoadedProblem(name, suite, path, source, preset, module, model)

@@ -180,6 +180,41 @@ def test_foreign_shrink_keeps_init_inputs_valid(tmp_path: Path) -> None:
     assert model(*inputs).shape == inputs[0].shape
 
 
+def test_tuple_sizes_shrink_and_equal_constants_shrink_together(tmp_path: Path) -> None:
+    # KernelBench's HingeLoss: a [batch_size] target broadcasts over input_shape[0] columns,
+    # so neither constant can be halved alone; at full size the inputs are 4 GB.
+    src = """
+    import torch
+    import torch.nn as nn
+
+    class Model(nn.Module):
+        def __init__(self):
+            super(Model, self).__init__()
+        def forward(self, predictions, targets):
+            return torch.mean(torch.clamp(1 - predictions * targets, min=0))
+
+    batch_size = 32768
+    input_shape = (32768,)
+    dim = 1
+
+    def get_inputs():
+        return [torch.rand(batch_size, *input_shape), torch.randint(0, 2, (batch_size,)).float() * 2 - 1]
+
+    def get_init_inputs():
+        return []
+    """
+    problem = load_problem(write(tmp_path, "hinge", src), preset="ci")
+    sizes = problem.sizes()
+    assert sizes["input_shape[0]"] == sizes["batch_size"] < 32768 and sizes["dim"] == 1
+    assert problem.module.input_shape == (sizes["batch_size"],)
+    assert sum(t.numel() for t in problem.get_inputs()) <= CI_MAX_INPUT_ELEMENTS
+    model, inputs = reference_case(problem)
+    assert model(*inputs).shape == ()
+    # a tuple element is a size like any other: presets and explicit sizes may set it
+    again = load_problem(write(tmp_path, "hinge2", src), preset="none", sizes={"batch_size": 8, "input_shape[0]": 8})
+    assert again.module.input_shape == (8,) and again.get_inputs()[0].shape == (8, 8)
+
+
 BAD_FILES = {
     "import_error": "import torch\ndef broken(:\n",
     "no_model": "import torch\ndef get_inputs():\n    return []\n",

@@ -168,7 +168,37 @@ def _reference_case(job: dict[str, Any], case: Any, cache: dict[str, Any]) -> tu
         blobs.append(blob)
     header = {"kind": "case", "index": case.index, "dist": case.dist, "sizes": sizes, "outputs": metas,
               "digest": before, "ops": ops, "deterministic": same, "flags": precision_flags()}
+    if case.dist != "native" and not job.get("device_compare"):
+        exact = _exact_outputs(model, inputs, len(tensors))
+        if exact is not None:
+            header["exact"] = []
+            for t in exact:
+                meta, blob = encode_tensor(t)
+                header["exact"].append(meta)
+                blobs.append(blob)
     return header, blobs
+
+
+def _exact_outputs(model: Any, inputs: list[Any], n: int) -> list[Any] | None:
+    """The reference in float64 (a copy of the model and of the floating inputs) for a stress
+    case: heavy-tailed or scaled inputs push the fp32 reference itself past the strict
+    tolerance (KernelBench's FrobeniusNorm: torch.norm's fp32 sum is 1.2e-4 off on a
+    heavy-tailed input), so a candidate within tolerance of this one is right too. None when
+    the model does not run in float64."""
+    import copy
+
+    import torch
+
+    from kforge.verifier.inputs import tensors_in
+
+    try:
+        model64 = copy.deepcopy(model).double()
+        args = [t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
+        with torch.no_grad():
+            out = list(tensors_in(model64(*args)))
+    except Exception:  # noqa: BLE001 - an op without a float64 kernel: the fp32 reference alone
+        return None
+    return out if len(out) == n else None
 
 
 def run_reference(job: dict[str, Any]) -> None:

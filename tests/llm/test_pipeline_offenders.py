@@ -1,0 +1,68 @@
+"""Issue 15 through the whole pipeline: an LLM agent (a local OpenAI-compatible server) answers
+with a candidate that launches a real C++ kernel and cheats only where nobody looked before,
+and the run must reject it with its reason code; an honest control must verify and be timed.
+
+One problem (refs/cpu's bias + ReLU), one round, one agent per candidate (the server answers
+by model name), select timing eager alone (the baselines are tests/test_pipeline.py's)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.pipeline_helpers import REPO, snakemake, write_config
+from tests.verifier import cpu_offenders as off
+
+from .server import Received, Reply, ScriptedServer, ok
+
+pytestmark = pytest.mark.slow
+
+CANDIDATES = {
+    "honest": off.HONEST,
+    "stale": off.STALE_AFTER_N,  # right for a few calls, then the last output again
+    "cache": off.CACHE_BY_KEY,  # output cached by the input's pointer / shape / version
+    "partial": off.PARTIAL_ON_REPEAT,  # recomputes half the rows on a repeated input
+}
+ANALYSIS = {"bottleneck": "memory", "evidence": {}, "actions": [], "summary": "streaming kernel"}
+
+
+def respond(request: Received) -> Reply:
+    if "performance analyst" in request.user_text:
+        return ok(json.dumps(ANALYSIS))
+    model = str(request.body.get("model", "")).rsplit("/", 1)[-1]
+    return ok(f"```python\n{CANDIDATES[model]}```\n")
+
+
+def test_the_pipeline_rejects_each_offender_with_its_reason(tmp_path: Path) -> None:
+    import duckdb
+
+    with ScriptedServer(responder=respond) as srv:
+        write_config(
+            tmp_path, eager_only=True,
+            agents={name: {"kind": "litellm", "model": f"openai/{name}", "api_base": srv.api_base,
+                           "timeout_s": 30, "num_retries": 1} for name in CANDIDATES},
+            suites={"refs": {"path": str(REPO / "refs" / "cpu"), "include": ["problem"]}},
+            run={"agents": list(CANDIDATES), "platforms": ["cpu"], "suites": ["refs"]},
+            rounds={"functional": 0, "optimization": 0},
+        )
+        snakemake(tmp_path, timeout=600)
+    rel = duckdb.sql(f"select * from '{tmp_path / 'artifacts' / 'report.parquet'}'")
+    rows = {r["agent"]: r for r in (dict(zip(rel.columns, t, strict=True)) for t in rel.fetchall())}
+    assert sorted(rows) == sorted(CANDIDATES)
+
+    honest = rows["honest"]
+    assert honest["verified"] and honest["status"] in ("shipped", "no_gain"), honest["detail"]
+    assert honest["candidate_ms"] > 0 and honest["eager_ms"] > 0
+    verdicts = duckdb.sql(f"select agent, verdict_reason from "
+                          f"'{tmp_path / 'artifacts' / 'tables' / 'verifications.parquet'}'").fetchall()
+    reasons = dict(verdicts)
+    assert reasons["honest"] == "ok"
+    for name in ("stale", "cache", "partial"):
+        row = rows[name]
+        assert row["status"] == "failed" and not row["shipped"] and row["shipped_speedup"] == 1.0, (name, row["detail"])
+        assert row["candidate_ms"] is None, (name, row["candidate_ms"])
+        # caught by verification's repeat phase, or else by the checked timing of select
+        where = reasons[name] if reasons[name] != "ok" else str(row["detail"])
+        assert "stale_output" in where, (name, reasons[name], row["detail"])
