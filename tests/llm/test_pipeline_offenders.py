@@ -1,6 +1,8 @@
 """Issue 15 through the whole pipeline: an LLM agent (a local OpenAI-compatible server) answers
-with a candidate that launches a real C++ kernel and cheats only where nobody looked before,
-and the run must reject it with its reason code; an honest control must verify and be timed.
+with a candidate that launches a real C++ kernel and cheats only where nobody looked before
+(stale after a few calls, a cache keyed on the input, a partial recompute, a write after
+return, a forged clock), and the run must reject each with its reason code; an honest control
+must verify and be timed.
 
 One problem (refs/cpu's bias + ReLU), one round, one agent per candidate (the server answers
 by model name), select timing eager alone (the baselines are tests/test_pipeline.py's)."""
@@ -24,7 +26,11 @@ CANDIDATES = {
     "stale": off.STALE_AFTER_N,  # right for a few calls, then the last output again
     "cache": off.CACHE_BY_KEY,  # output cached by the input's pointer / shape / version
     "partial": off.PARTIAL_ON_REPEAT,  # recomputes half the rows on a repeated input
+    "late": off.WRITES_AFTER_RETURN,  # a C++ thread writes the output after forward returned
+    "forge": off.FORGED_CLOCK_CANDIDATE_ONLY,  # replaces the timing clock from inside the worker
 }
+EXPECTED = {"stale": "stale_output", "cache": "stale_output", "partial": "stale_output",
+            "late": "async_work_left", "forge": "harness_tampering"}
 ANALYSIS = {"bottleneck": "memory", "evidence": {}, "actions": [], "summary": "streaming kernel"}
 
 
@@ -59,10 +65,10 @@ def test_the_pipeline_rejects_each_offender_with_its_reason(tmp_path: Path) -> N
                           f"'{tmp_path / 'artifacts' / 'tables' / 'verifications.parquet'}'").fetchall()
     reasons = dict(verdicts)
     assert reasons["honest"] == "ok"
-    for name in ("stale", "cache", "partial"):
+    for name, reason in EXPECTED.items():
         row = rows[name]
         assert row["status"] == "failed" and not row["shipped"] and row["shipped_speedup"] == 1.0, (name, row["detail"])
         assert row["candidate_ms"] is None, (name, row["candidate_ms"])
-        # caught by verification's repeat phase, or else by the checked timing of select
+        # caught by verification, or else by the checked timing of select
         where = reasons[name] if reasons[name] != "ok" else str(row["detail"])
-        assert "stale_output" in where, (name, reasons[name], row["detail"])
+        assert reason in where, (name, reasons[name], row["detail"])
