@@ -213,3 +213,33 @@ def test_two_snakemake_processes_over_one_store(tmp_path: Path) -> None:
         # the embedded agent is deterministic: both pipelines generated and verified one kernel
         assert records[0] == records[1], records
     assert n_blobs > 10
+
+
+def test_a_compile_hit_from_a_shared_store_builds_the_library_here_too(tmp_path: Path) -> None:
+    """Two workdirs share one CAS (a cluster whose build folders are node-local): a compile
+    action-cache hit in the second must still leave the library in its own build folder,
+    where its verifier looks (seen as a flaky LibraryNotBuiltError in the two-Snakemake test)."""
+    from kforge.config import parse_config
+    from kforge.platforms import cpu_runtime
+    from kforge.stages.compile import run_compile
+    from kforge.stages.context import StageContext
+
+    source = (REPO / "refs" / "cpu" / "solution.py").read_text()
+    contexts = []
+    for name in ("a", "b"):
+        root = tmp_path / name / "artifacts"
+        root.mkdir(parents=True)
+        if name == "b":
+            (root / "cas").symlink_to(tmp_path / "a" / "artifacts" / "cas", target_is_directory=True)
+        cfg = parse_config({"store": str(root), "agents": {"expert": {"kind": "expert"}},
+                            "suites": {"refs": {"path": str(REPO / "refs" / "cpu")}},
+                            "run": {"agents": ["expert"], "platforms": ["cpu"], "suites": ["refs"]}})
+        contexts.append(StageContext(config=cfg, store=Store(cfg.store)))
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(source)
+    records = [run_compile(ctx, platform="cpu", kernel=kernel, out=ctx.root / "compile.json") for ctx in contexts]
+    assert records[0].ok and records[1] == records[0]  # the second is the first's cached record
+    library = cpu_runtime.library_path(cpu_runtime.extract_cpp_source(source), contexts[1].build_dir.resolve())
+    assert library.is_file()
+    builds = [json.loads(line) for line in (contexts[1].root / "ledger.jsonl").read_text().splitlines()]
+    assert [e["stage"] for e in builds] == ["build"]

@@ -56,6 +56,13 @@ class CpuPlatform:
                            log=truncate(log, BUILD_LOG_CHARS), artifact=str(path),
                            tool_versions=versions)
 
+    def built(self, source: str, workdir: Path) -> bool:
+        """Whether ``source``'s library is already in ``workdir`` (the worker never builds)."""
+        try:
+            return cpu_runtime.library_path(cpu_runtime.extract_cpp_source(source), Path(workdir)).is_file()
+        except cpu_runtime.CpuRuntimeError:
+            return False
+
     def device(self) -> str:
         return "cpu"
 

@@ -27,6 +27,17 @@ def run_compile(ctx: StageContext, *, platform: str, kernel: Path, out: Path) ->
     info = adapter.describe()
     key = ctx.action_key("compile", platform=platform, source=source, info=info.model_dump(mode="json"))
     cached = ctx.cached(key, CompileRecord)
+    built = getattr(adapter, "built", None)
+    if cached is not None and cached.ok and built is not None and not built(text, ctx.build_dir.resolve()):
+        # A hit from a store shared with another host or workdir whose build folder is not
+        # this one (tests/test_store_concurrent.py, a cluster with node-local build folders):
+        # the record stands, the library must exist here too, or the verifier cannot load it.
+        ctx.build_dir.mkdir(parents=True, exist_ok=True)
+        os.environ["KFORGE_BUILD_DIR"] = str(ctx.build_dir.resolve())
+        rebuilt = adapter.build(text, ctx.build_dir.resolve())
+        ctx.ledger("build", platform=platform, source=source, ok=rebuilt.ok)
+        if not rebuilt.ok:
+            cached = None  # not reproducible here: record what this host's compiler says
     if cached is not None:
         write_record(out, cached, ctx.store)
         return cached
