@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     workdir = tmp_path_factory.mktemp("pipeline")
-    write_config(workdir)
+    write_config(workdir, rounds={"functional": 1, "optimization": 1})  # 3 rounds: repair and optimise both reachable
     prompts = copy_prompts(workdir)
     env = {"KFORGE_PROMPTS_DIR": str(prompts)}
     out, took = snakemake(workdir, env=env)
@@ -49,7 +49,7 @@ def test_report_has_a_verified_timed_row_per_problem_and_ships_only_gains(run: d
 def test_stage_tables_are_queryable(run: dict) -> None:
     tables = run["workdir"] / "artifacts" / "tables"
     n_verify = duckdb.sql(f"select count(*) from '{tables}/verifications.parquet'").fetchall()[0]
-    assert n_verify == (3 * 4,)  # 3 problems x (1 + 1 + 2) rounds
+    assert n_verify == (3 * 3,)  # 3 problems x (1 + 1 + 1) rounds
     ok = duckdb.sql(
         f"select count(*) from read_parquet('{tables}/*.parquet', union_by_name=true) where verdict_ok"
     ).fetchall()[0]

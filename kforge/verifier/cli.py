@@ -102,6 +102,8 @@ def summary(profile: Profile) -> dict[str, Any]:
     ratio = _ratio(faster.median_ms, cand.median_ms) if faster else None
     threshold = ship_threshold(cand.cv, faster.cv) if faster else None
     status, detail = ship_status(ratio, threshold, bool(profile.extra.get("beats_roofline")))
+    if profile.extra.get("compile_skipped"):
+        detail += " (torch.compile not timed: --eager-only)"
     return {
         "status": status, "detail": detail, "device": profile.device,
         "candidate": timing(cand), "eager": timing(profile.eager), "compiled": timing(profile.compiled),
@@ -109,6 +111,7 @@ def summary(profile: Profile) -> dict[str, Any]:
         "speedup_vs_compile": _ratio(profile.compiled.median_ms, cand.median_ms) if profile.compiled else None,
         "speedup_vs_best": ratio, "ship_threshold": threshold,
         "clock": profile.extra.get("clock", "in-process"), "checked": profile.extra.get("checked"),
+        "compile_baseline": not profile.extra.get("compile_skipped"),
     }
 
 
@@ -122,6 +125,8 @@ def bench_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--eager-only", action="store_true",
+                        help="time eager alone, not torch.compile (its build costs ~20 s on two cores)")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -140,7 +145,7 @@ def bench_main(argv: list[str] | None = None) -> int:
             source, args.problem, platform=args.platform, policy=args.policy, preset=args.preset,
             build_dir=build_dir, warmup=args.warmup, reps=args.reps, threads=args.threads,
             timeout_s=max(args.timeout, 300), peaks=_peaks(verdict.device, args.policy),
-            remeasure=None)
+            remeasure=None, compile_baseline=not args.eager_only)
         if profile.ok and profile.candidate is not None:
             out.update(summary(profile))
         else:
