@@ -29,8 +29,9 @@ CANDIDATES = {
     "late": off.WRITES_AFTER_RETURN,  # a C++ thread writes the output after forward returned
     "forge": off.FORGED_CLOCK_CANDIDATE_ONLY,  # replaces the timing clock from inside the worker
 }
-EXPECTED = {"stale": "stale_output", "cache": "stale_output", "partial": "stale_output",
-            "late": "async_work_left", "forge": "harness_tampering"}
+# a thread that writes after return may also take the worker down with it (seen in CI: exit 139)
+EXPECTED = {"stale": ("stale_output",), "cache": ("stale_output",), "partial": ("stale_output",),
+            "late": ("async_work_left", "crashed"), "forge": ("harness_tampering",)}
 ANALYSIS = {"bottleneck": "memory", "evidence": {}, "actions": [], "summary": "streaming kernel"}
 
 
@@ -65,10 +66,10 @@ def test_the_pipeline_rejects_each_offender_with_its_reason(tmp_path: Path) -> N
                           f"'{tmp_path / 'artifacts' / 'tables' / 'verifications.parquet'}'").fetchall()
     reasons = dict(verdicts)
     assert reasons["honest"] == "ok"
-    for name, reason in EXPECTED.items():
+    for name, allowed in EXPECTED.items():
         row = rows[name]
         assert row["status"] == "failed" and not row["shipped"] and row["shipped_speedup"] == 1.0, (name, row["detail"])
         assert row["candidate_ms"] is None, (name, row["candidate_ms"])
         # caught by verification, or else by the checked timing of select
         where = reasons[name] if reasons[name] != "ok" else str(row["detail"])
-        assert reason in where, (name, reasons[name], row["detail"])
+        assert any(reason in where for reason in allowed), (name, reasons[name], row["detail"])
