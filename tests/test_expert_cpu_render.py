@@ -75,9 +75,12 @@ def candidates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             sources[name] = render_cpu(plan_problem(src), {}, src)
         except Exception as err:  # noqa: BLE001 - reported by the test of that problem
             sources[name] = err
+    # C++ extracted here, not in the threads: CPython 3.11's ast.parse keeps its recursion depth
+    # in per-interpreter state, and two threads parsing at once can fail with "AST constructor
+    # recursion depth mismatch" (seen in CI)
+    cpp = [cpu_runtime.extract_cpp_source(s) for s in sources.values() if isinstance(s, str)]
     with ThreadPoolExecutor(2) as pool:  # build every library first, two compilers at a time
-        list(pool.map(lambda s: cpu_runtime.build_library(cpu_runtime.extract_cpp_source(s)),
-                      [s for s in sources.values() if isinstance(s, str)]))
+        list(pool.map(cpu_runtime.build_library, cpp))
     out: dict[str, Any] = {}
     for name, src in sources.items():
         out[name] = src if isinstance(src, Exception) else _load_module(name, src, folder)
