@@ -20,7 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from kforge.verifier import inputs as inputs_mod
 from kforge.verifier import probes, protocol
-from kforge.verifier.inputs import Case, digest, load_case_problem, make_inputs
+from kforge.verifier.inputs import Case, digest, input_digests, load_case_problem, make_inputs
 from kforge.verifier.probes import (
     Integrity,
     LaunchCounter,
@@ -119,6 +119,7 @@ def run_candidate(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> 
             send({"kind": "case", "index": case.index, "error": f"{type(exc).__name__}: {exc}"})
             continue
         before = digest(inputs)
+        each = input_digests(inputs)
         poison(2 * sum(t.numel() * t.element_size() for t in inputs_mod.tensors_in(inputs)), device)
         threads_before = {t.ident for t in threading.enumerate()}
         launches = counter.triton_launches
@@ -168,7 +169,7 @@ def run_candidate(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> 
                 blobs.append(blob)
         send({
             "kind": "case", "index": case.index, "outputs": metas, "structure": report["structure"],
-            "digest": before, "digest_after": digest(inputs), "aliases": report["aliases"],
+            "digest": before, "input_digests": each, "digest_after": digest(inputs), "aliases": report["aliases"],
             "wrong_device": report["wrong_device"], "background": background,
             "changed_after_return": changed_after_return, "flags": precision_flags(), "flags_before": job["flags_before"],
             "tampered": integrity.changed(), "ops": sorted(set(ops)), "ours": sorted(set(ours)),

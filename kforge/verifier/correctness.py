@@ -124,6 +124,9 @@ def compare(c: np.ndarray, r: np.ndarray, tol: float, dist: str = "native") -> t
     return measure(c, r, tol, dist).as_tuple()
 
 
+INPUTS_DIFFERED = "inputs differed from the reference's before the call"
+
+
 def judge(
     ref: dict[int, Frame], cand: dict[int, Frame], *, tol: float, strict: bool,
     shape_index: int | None, platform: str,
@@ -159,8 +162,11 @@ def judge(
         if h["digest_after"] != h["digest"]:
             return Judgement(Reason.MUTATES_INPUT, f"case {index}: inputs changed during the call")
         if h["digest"] != r_frame.header["digest"]:  # the candidate's import touched RNG or inputs
-            return Judgement(Reason.MUTATES_INPUT, f"case {index}: inputs differed from the reference's "
-                             "before the call (something the candidate ran changed how they were made)")
+            mine, theirs = h.get("input_digests") or [], r_frame.header.get("input_digests") or []
+            which = [str(k) for k, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b] if len(mine) == len(theirs) else []
+            return Judgement(Reason.MUTATES_INPUT, f"case {index}: {INPUTS_DIFFERED} "
+                             f"({'input(s) ' + ', '.join(which) if which else 'the input list'}, "
+                             f"dist {r_frame.header.get('dist', '?')}; something the candidate ran changed how they were made)")
         if h["aliases"]:
             return Judgement(Reason.ALIASES_INPUT, f"output(s) {h['aliases']} share memory with an input")
         if h["background"] or h["changed_after_return"]:

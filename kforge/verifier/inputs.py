@@ -106,17 +106,31 @@ def tensors_in(value: Any) -> Iterator[torch.Tensor]:
             yield from tensors_in(item)
 
 
+def _update(h: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        t = value.detach().to("cpu").contiguous()
+        h.update(f"{tuple(t.shape)}{t.dtype}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    else:
+        h.update(repr(value).encode())
+
+
 def digest(values: list[Any]) -> str:
     """sha256 over shapes, dtypes and bytes of every tensor in ``values`` (other values by repr)."""
     h = hashlib.sha256()
     for value in values:
-        if isinstance(value, torch.Tensor):
-            t = value.detach().to("cpu").contiguous()
-            h.update(f"{tuple(t.shape)}{t.dtype}".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-        else:
-            h.update(repr(value).encode())
+        _update(h, value)
     return h.hexdigest()
+
+
+def input_digests(values: list[Any]) -> list[str]:
+    """One short digest per input, so a mismatch says which input differs."""
+    out = []
+    for value in values:
+        h = hashlib.sha256()
+        _update(h, value)
+        out.append(h.hexdigest()[:16])
+    return out
 
 
 def load_case_problem(path: Path, preset: str, sizes: dict[str, int] | None) -> Any:

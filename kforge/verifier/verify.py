@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from kforge.schema import TOLERANCES, Policy, Verdict
 from kforge.verifier.checks import static_check
-from kforge.verifier.correctness import judge, judge_repeats, max_margin
+from kforge.verifier.correctness import INPUTS_DIFFERED, judge, judge_repeats, max_margin
 from kforge.verifier.inputs import plan_cases
 from kforge.verifier.protocol import Frame
 from kforge.verifier.reasons import Reason
@@ -41,14 +41,15 @@ def reference_cache_dir() -> Path:
 
 
 def _reference(job: dict[str, Any], *, scratch: Path | None, env: dict[str, str], limits: Limits,
-               gpu: bool, ro_paths: list[Path]) -> JobOutcome:
-    """The reference run, cached by everything it depends on (frames stored, nonce-free)."""
+               gpu: bool, ro_paths: list[Path], fresh: bool = False) -> JobOutcome:
+    """The reference run, cached by everything it depends on (frames stored, nonce-free);
+    ``fresh`` runs it again and replaces the cached frames."""
     problem_source = Path(job["problem_path"]).read_bytes()
     key = hashlib.sha256(json.dumps(
         [REFERENCE_CACHE_VERSION, hashlib.sha256(problem_source).hexdigest(), job, sys.version,
          sys.executable, sorted(env.items())], sort_keys=True, default=str).encode()).hexdigest()
     path = reference_cache_dir() / f"{key}.json"
-    if path.is_file():
+    if path.is_file() and not fresh:
         try:
             data = json.loads(path.read_text())
             frames = [Frame(f["header"], [bytes.fromhex(b) for b in f["blobs"]]) for f in data]
@@ -125,67 +126,83 @@ def run_verification(
     # and the stress inputs are drawn on the host at the timed size
     limits = Limits(timeout_s=timeout_s * (2 if on_device else 1),
                     memory_mb=max(memory_mb, 32768) if on_device else memory_mb, max_pids=max_pids)
-    cases = [c.to_json() for c in plan_cases(trials, None)]
-    shape_index = len(cases)
-    cases.append({"index": shape_index, "seed": 99991, "dist": "native", "sizes": "auto"})
-    ref_job = {"mode": "reference", "problem_path": str(problem_path), "preset": preset,
-               "sizes": sizes, "cases": cases, "device": device, "model_seed": MODEL_SEED}
-    if on_device:
-        ref_job.update(device_compare=True, draw_on_device=True)
-    ro = [build, problem_path.parent]
-    ref = _reference(ref_job, scratch=scratch, env=env, limits=Limits(timeout_s=max(timeout_s, 300), memory_mb=None), gpu=gpu,
-                     ro_paths=ro)
-    extra: dict[str, Any] = {"sandbox": ref.mode if ref.mode != "cache" else "", "device": device,
-                             "interpreted": bool(info.interpreted), "compared_on": "device" if on_device else "host"}
-    if ref.reason is not None:
-        return verdict(Reason.HARNESS_ERROR, f"reference run failed: {ref.reason}: {ref.detail}", **extra)
-    ref_cases = {int(f.header["index"]): f for f in ref.frames if f.header.get("kind") == "case"}
-    if all("error" in f.header for f in ref_cases.values()) or "error" in ref_cases.get(0, Frame({"error": 1})).header:
-        return verdict(Reason.HARNESS_ERROR, f"reference failed: {ref_cases.get(0, Frame({})).header.get('error')}", **extra)
-    shape_frame = ref_cases.get(shape_index)
-    if shape_frame is not None and "error" not in shape_frame.header:
-        cases[shape_index]["sizes"] = shape_frame.header["sizes"]
-    else:
-        cases.pop()
-    cand_job = dict(ref_job, mode="candidate", cases=cases, tol=tol)
-    link = None
-    if on_device:
-        from kforge.verifier.gpu_compare import JudgeLink
 
-        link = JudgeLink()
-    out = run_job(cand_job, scratch_root=scratch, env_extra=env, limits=limits, gpu=gpu,
-                  candidate_source=source, ro_paths=ro, companion=link)
-    extra["sandbox"] = out.mode
-    notes = _notes(ref)
-    if link is not None and out.reason in (None, Reason.HARNESS_ERROR, Reason.CRASHED):
-        probe = link.results.get(("probe", 0))
-        if probe is None or probe[0].kind is not None:  # before any candidate code: the host's fault
-            why = "; ".join(link.errors[:2]) or out.detail or "the judge never answered"
-            return verdict(Reason.HARNESS_ERROR, (
-                "the on-device comparison does not work here: a tensor the harness shared before "
-                f"any candidate code ran did not reach the judge intact ({why[:600]}); verify with "
-                "compare='host' (verify.compare: host; with verify.preset: ci for GPU-scale outputs)"), **extra)
-    if out.reason is not None:
-        return verdict(out.reason, out.detail + notes, **extra)
-    answers = None
-    if link is not None:
-        answers = link.results
-        if link.errors:  # the judge could not compare what it was handed
-            return verdict(Reason.CRASHED, "the on-device comparison failed: " + "; ".join(link.errors[:3]) + notes,
-                           **extra)
-    cand_cases = {int(f.header["index"]): f for f in out.frames if f.header.get("kind") == "case"}
-    j = judge(ref_cases, cand_cases, tol=tol, strict=policy == "strict",
-              shape_index=shape_index if shape_index in ref_cases and len(cases) > shape_index else None,
-              platform=platform, on_device=answers)
-    extra.update(margins=j.margins, max_margin=max_margin(j.margins))
-    if j.reason is Reason.OK:
-        repeats = [f for f in out.frames if f.header.get("kind") == "repeat"]
-        stale = judge_repeats(ref_cases, repeats, tol, on_device=answers)
-        if stale is not None:
-            return verdict(stale.reason, stale.detail + notes, trials=j.cases, max_abs_err=stale.max_abs_err,
-                           rel_err_norm=stale.rel_err_norm, **extra)
-    return verdict(j.reason, j.detail + notes, trials=j.cases, max_abs_err=j.max_abs_err,
-                   rel_err_norm=j.rel_err_norm, **extra)
+    def once(fresh: bool) -> Verdict:
+        cases = [c.to_json() for c in plan_cases(trials, None)]
+        shape_index = len(cases)
+        cases.append({"index": shape_index, "seed": 99991, "dist": "native", "sizes": "auto"})
+        ref_job = {"mode": "reference", "problem_path": str(problem_path), "preset": preset,
+                   "sizes": sizes, "cases": cases, "device": device, "model_seed": MODEL_SEED}
+        if on_device:
+            ref_job.update(device_compare=True, draw_on_device=True)
+        ro = [build, problem_path.parent]
+        ref = _reference(ref_job, scratch=scratch, env=env, limits=Limits(timeout_s=max(timeout_s, 300), memory_mb=None), gpu=gpu,
+                         ro_paths=ro, fresh=fresh)
+        extra: dict[str, Any] = {"sandbox": ref.mode if ref.mode != "cache" else "", "device": device,
+                                 "interpreted": bool(info.interpreted), "compared_on": "device" if on_device else "host"}
+        if ref.reason is not None:
+            return verdict(Reason.HARNESS_ERROR, f"reference run failed: {ref.reason}: {ref.detail}", **extra)
+        ref_cases = {int(f.header["index"]): f for f in ref.frames if f.header.get("kind") == "case"}
+        if all("error" in f.header for f in ref_cases.values()) or "error" in ref_cases.get(0, Frame({"error": 1})).header:
+            return verdict(Reason.HARNESS_ERROR, f"reference failed: {ref_cases.get(0, Frame({})).header.get('error')}", **extra)
+        shape_frame = ref_cases.get(shape_index)
+        if shape_frame is not None and "error" not in shape_frame.header:
+            cases[shape_index]["sizes"] = shape_frame.header["sizes"]
+        else:
+            cases.pop()
+        cand_job = dict(ref_job, mode="candidate", cases=cases, tol=tol)
+        link = None
+        if on_device:
+            from kforge.verifier.gpu_compare import JudgeLink
+
+            link = JudgeLink()
+        out = run_job(cand_job, scratch_root=scratch, env_extra=env, limits=limits, gpu=gpu,
+                      candidate_source=source, ro_paths=ro, companion=link)
+        extra["sandbox"] = out.mode
+        notes = _notes(ref)
+        if link is not None and out.reason in (None, Reason.HARNESS_ERROR, Reason.CRASHED):
+            probe = link.results.get(("probe", 0))
+            if probe is None or probe[0].kind is not None:  # before any candidate code: the host's fault
+                why = "; ".join(link.errors[:2]) or out.detail or "the judge never answered"
+                return verdict(Reason.HARNESS_ERROR, (
+                    "the on-device comparison does not work here: a tensor the harness shared before "
+                    f"any candidate code ran did not reach the judge intact ({why[:600]}); verify with "
+                    "compare='host' (verify.compare: host; with verify.preset: ci for GPU-scale outputs)"), **extra)
+        if out.reason is not None:
+            return verdict(out.reason, out.detail + notes, **extra)
+        answers = None
+        if link is not None:
+            answers = link.results
+            if link.errors:  # the judge could not compare what it was handed
+                return verdict(Reason.CRASHED, "the on-device comparison failed: " + "; ".join(link.errors[:3]) + notes,
+                               **extra)
+        cand_cases = {int(f.header["index"]): f for f in out.frames if f.header.get("kind") == "case"}
+        j = judge(ref_cases, cand_cases, tol=tol, strict=policy == "strict",
+                  shape_index=shape_index if shape_index in ref_cases and len(cases) > shape_index else None,
+                  platform=platform, on_device=answers)
+        extra.update(margins=j.margins, max_margin=max_margin(j.margins))
+        if j.reason is Reason.OK:
+            repeats = [f for f in out.frames if f.header.get("kind") == "repeat"]
+            stale = judge_repeats(ref_cases, repeats, tol, on_device=answers)
+            if stale is not None:
+                return verdict(stale.reason, stale.detail + notes, trials=j.cases, max_abs_err=stale.max_abs_err,
+                               rel_err_norm=stale.rel_err_norm, **extra)
+        return verdict(j.reason, j.detail + notes, trials=j.cases, max_abs_err=j.max_abs_err,
+                       rel_err_norm=j.rel_err_norm, **extra)
+
+    first = once(fresh=False)
+    if first.reason != Reason.MUTATES_INPUT.value or INPUTS_DIFFERED not in first.detail:
+        return first
+    # The inputs are drawn twice, in the reference's process and in the candidate's, from the
+    # same seeds; a candidate whose import touches the RNG or the inputs differs every time.
+    # A difference that does not come back with a freshly run (uncached) reference and a
+    # second candidate run is the harness's, not the candidate's (seen rarely, cause unknown:
+    # the per-input digests in the detail are there to find it); it is noted, not failed.
+    second = once(fresh=True)
+    if second.reason == Reason.MUTATES_INPUT.value and INPUTS_DIFFERED in second.detail:
+        return second
+    note = f" [a first run said: {first.detail[:300]}; not reproduced with an uncached reference]"
+    return second.model_copy(update={"detail": (second.detail + note)[:2000]})
 
 
 def _notes(ref: JobOutcome) -> str:

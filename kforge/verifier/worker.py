@@ -134,7 +134,13 @@ def _reference_case(job: dict[str, Any], case: Any, cache: dict[str, Any]) -> tu
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from kforge.verifier.inputs import digest, load_case_problem, make_inputs, tensors_in
+    from kforge.verifier.inputs import (
+        digest,
+        input_digests,
+        load_case_problem,
+        make_inputs,
+        tensors_in,
+    )
     from kforge.verifier.probes import encode_tensor, precision_flags, profile_events
 
     device = job["device"]
@@ -167,7 +173,7 @@ def _reference_case(job: dict[str, Any], case: Any, cache: dict[str, Any]) -> tu
         metas.append(meta)
         blobs.append(blob)
     header = {"kind": "case", "index": case.index, "dist": case.dist, "sizes": sizes, "outputs": metas,
-              "digest": before, "ops": ops, "deterministic": same, "flags": precision_flags()}
+              "digest": before, "input_digests": input_digests(inputs), "ops": ops, "deterministic": same, "flags": precision_flags()}
     if case.dist != "native" and not job.get("device_compare"):
         exact = _exact_outputs(model, inputs, len(tensors))
         if exact is not None:
