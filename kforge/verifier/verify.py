@@ -35,6 +35,19 @@ Compare = Literal["auto", "host", "device"]
 REFERENCE_CACHE_VERSION = "3"  # 2: the reference runs with TF32 off; 3: float64 outputs of stress cases
 
 
+def _reference_code_digest() -> str:
+    """The code that makes the reference's frames (inputs, worker, problem loading): a change
+    to any of it is a new cache key, so frames from older code are never reused."""
+    import kforge.problems as problems
+    import kforge.verifier.inputs as inputs
+    import kforge.verifier.worker as worker
+
+    h = hashlib.sha256()
+    for mod in (inputs, worker, problems):
+        h.update(Path(str(mod.__file__)).read_bytes())
+    return h.hexdigest()
+
+
 def reference_cache_dir() -> Path:
     default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kforge" / "reference"
     return Path(os.environ.get("KFORGE_REFERENCE_CACHE", default))
@@ -46,7 +59,7 @@ def _reference(job: dict[str, Any], *, scratch: Path | None, env: dict[str, str]
     ``fresh`` runs it again and replaces the cached frames."""
     problem_source = Path(job["problem_path"]).read_bytes()
     key = hashlib.sha256(json.dumps(
-        [REFERENCE_CACHE_VERSION, hashlib.sha256(problem_source).hexdigest(), job, sys.version,
+        [REFERENCE_CACHE_VERSION, _reference_code_digest(), hashlib.sha256(problem_source).hexdigest(), job, sys.version,
          sys.executable, sorted(env.items())], sort_keys=True, default=str).encode()).hexdigest()
     path = reference_cache_dir() / f"{key}.json"
     if path.is_file() and not fresh:
