@@ -7,7 +7,8 @@
 #                     each policy's report and run records land in OUT_DIR/pipeline_POLICY
 #   verifygpu         issue 15's GPU rows: benchmarks/verify_gpu_check.py, then
 #                     pytest -m gpu tests/verifier/test_gpu_verify.py
-#   gputests          pytest -m gpu for the verifier's and the platforms' GPU rows (3 files at once)
+#   gputests          pytest -m gpu for the verifier's and the platforms' GPU rows (4 files at once)
+#   pytest:FILE       pytest -m gpu FILE alone (output kept, -s: what the test prints)
 #   baselines         benchmarks/baselines.py --preset full --device cuda for starter, level1, level2
 # Each phase is skipped once done (markers in .h200-state/, which survives while the device
 # machine stays warm, or comes back as a carried folder). SECONDS bounds the whole call; each
@@ -83,9 +84,9 @@ sys.exit(0 if any(r["kind"] == "verify full" and r["candidate"] == "HONEST" and 
       [ $rc -ne 124 ] && [ $rc -ne 137 ] && touch "$state/verifygpu.done" ;;
     gputests)
       [ -f "$state/gputests.done" ] && continue
-      # The three GPU test files at once (correctness rows, no timing floors; builds use the cores).
+      # The four GPU test files at once (correctness rows, no timing floors; builds use the cores).
       pids=()
-      for f in tests/verifier/test_gpu_faults.py tests/verifier/test_gpu_sanitizer.py tests/platforms/test_gpu_platforms.py; do
+      for f in tests/verifier/test_gpu_faults.py tests/verifier/test_gpu_sanitizer.py tests/platforms/test_gpu_platforms.py tests/platforms/test_gpu_graph.py; do
         timeout -k 10 $(( $(left) - 20 )) python3 -m pytest -q -m gpu -p no:cacheprovider -rA "$f" \
           > "$out/gpu_tests_$(basename "$f" .py).txt" 2>&1 &
         pids+=($!)
@@ -96,6 +97,15 @@ sys.exit(0 if any(r["kind"] == "verify full" and r["candidate"] == "HONEST" and 
       [ $rc -ne 124 ] && [ $rc -ne 137 ] && touch "$state/gputests.done"
       echo "gpu tests exit $rc" | tee -a "$out/session.txt"
       tail -30 "$out/gpu_tests.txt" ;;
+    pytest:*)
+      file=${phase#pytest:}; name=pytest_$(basename "$file" .py)
+      [ -f "$state/$name.done" ] && continue
+      timeout -k 10 $(( $(left) / 3 )) python3 -m pytest -q -s -m gpu -p no:cacheprovider -rA "$file" \
+        > "$out/$name.txt" 2>&1
+      rc=$?
+      [ $rc -ne 124 ] && [ $rc -ne 137 ] && touch "$state/$name.done"
+      echo "$name exit $rc" | tee -a "$out/session.txt"
+      tail -25 "$out/$name.txt" ;;
     baselines)
       for suite in starter level1 level2; do
         [ -f "$state/baselines_$suite.done" ] && continue

@@ -32,6 +32,7 @@ from kforge.agents.expert.kernels import (
 )
 from kforge.agents.expert.lower import E, strides
 from kforge.agents.expert.triton_expr import TL_DTYPES, TritonEmitter, literal
+from kforge.agents.expert.triton_graph import GRAPH_HELPER, graphable, graphed_class
 
 IDENT = {"sum": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf"), "any": 0, "all": 1,
          "argmax": float("-inf"), "argmin": float("inf")}
@@ -271,6 +272,8 @@ def default_knobs(program: Program, policy: str) -> dict[str, dict[str, Any]]:
             knobs[k.name] = {"BLOCK_S": min(next_pow2(program.hint(k.length)), 1024), "num_warps": 4}
         elif isinstance(k, GemmKernel):
             knobs[k.name] = default_gemm_knobs(program, k, policy)
+    if graphable(program):  # replay the launches (triton_graph.py)
+        knobs[program.kernels[0].name]["cuda_graph"] = 1
     return knobs
 
 
@@ -324,5 +327,9 @@ def render_triton(program: Program, knobs: dict[str, dict[str, Any]], policy: st
     known = {"import torch", "import torch.nn as nn", "import triton", "import triton.language as tl", "import os"}
     extra = "".join(f"{line}\n" for line in imports if line not in known)
     knob_text = "; ".join(f"{name}: {kv}" for name, kv in knobs.items())
-    head = PRELUDE.format(summary=f"{program.summary()}; policy {policy}; {knob_text}", helpers=STATE_HELPER)
+    helpers = STATE_HELPER
+    if any(kv.get("cuda_graph") for kv in knobs.values()) and graphable(program):
+        helpers += "\n\n" + GRAPH_HELPER
+        model_new = graphed_class(model_new)
+    head = PRELUDE.format(summary=f"{program.summary()}; policy {policy}; {knob_text}", helpers=helpers)
     return head + extra + "\n\n" + "\n\n\n".join(sources) + "\n\n\n" + model_new
