@@ -4,9 +4,15 @@ tests/platforms/test_gpu_graph.py runs it on the H200."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
+from kforge.agents.expert.analysis import recommend
 from kforge.agents.expert.planner import plan_problem
 from kforge.agents.expert.triton_graph import graphable, writes_state
 from kforge.agents.expert.triton_render import default_knobs, render_triton
+from kforge.schema import AnalysisRequest, KernelStat, Profile, Timing
 from kforge.verifier.checks import static_check
 
 from .test_expert_compiler import LINEAR, problem
@@ -15,15 +21,13 @@ GEMM = problem(LINEAR, "return torch.sigmoid(self.linear(x)) * 1.5", "[torch.ran
 BATCHNORM = problem("self.bn = nn.BatchNorm1d(args[0])", "return torch.tanh(self.bn(x))", "[torch.randn(8, 16)]", "[16]")
 
 
-def _render(source: str, policy: str = "relaxed") -> tuple[dict, str]:
-    prog = plan_problem(source)
-    knobs = default_knobs(prog, policy)
-    return knobs, render_triton(prog, knobs, policy, source)
-
-
-def test_a_stateless_program_replays_its_launches_from_a_graph() -> None:
-    knobs, src = _render(GEMM)
-    assert [kv.get("cuda_graph") for kv in knobs.values()][0] == 1
+def test_the_knob_starts_off_and_renders_a_replaying_forward_when_on() -> None:
+    prog = plan_problem(GEMM)
+    knobs = default_knobs(prog, "relaxed")
+    assert [kv.get("cuda_graph") for kv in knobs.values()] == [0]  # off until a profile asks
+    assert "_kf_graphed" not in render_triton(prog, knobs, "relaxed", GEMM)
+    knobs = {name: {**kv, "cuda_graph": 1} for name, kv in knobs.items()}
+    src = render_triton(prog, knobs, "relaxed", GEMM)
     assert "def forward(self, *args):\n        return _kf_graphed(self, self._kf_forward, args)" in src
     assert src.count("def _kf_forward(self, x0):") == 1
     # every call still runs every kernel: the wrapper keys graphs on buffers, never on values
@@ -51,3 +55,43 @@ def test_a_python_scalar_input_stays_eager() -> None:
     prog = plan_problem(src)
     assert not graphable(prog)
     assert "_kf_graphed" not in render_triton(prog, default_knobs(prog, "strict"), "strict", src)
+
+
+def _profile(ms: float, kernel_us: list[float], calls: int = 3) -> Profile:
+    timing = Timing(median_ms=ms, mean_ms=ms, cv=0.01, reps=30, min_ms=ms)
+    return Profile(ok=True, device="cuda", candidate=timing, eager=timing.model_copy(update={"median_ms": 2.8}),
+                   kernels=[KernelStat(name=f"k{i}", calls=calls, total_us=us * calls) for i, us in enumerate(kernel_us)],
+                   flops=2.0 * 1024 * 8192 * 8192, min_bytes=4.0 * (2 * 1024 * 8192 + 8192 * 8192))
+
+
+def _advice(profile: Profile, graph_knob: int | None) -> Any:
+    plan = {"kernels": [{"name": "k0", "kind": "gemm"}], "knobs": {"k0": {"precision": "bf16", "precast": 1}},
+            "precision": "bf16", "precast": 1, "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64,
+            "num_warps": 8, "num_stages": 4}
+    if graph_knob is not None:
+        plan["cuda_graph"] = graph_knob
+    return recommend(AnalysisRequest(problem_name="p", platform="triton", policy="relaxed",
+                                     candidate_source="", profile=profile, plan=plan))
+
+
+def test_the_analysis_asks_for_the_graph_when_the_gpu_idles_between_launches() -> None:
+    # The H200 select table of 001 relaxed: a 193 us GEMM and two precasts (54 us each) in a
+    # 619 us call: ~320 us of the call with the GPU idle
+    idle = _profile(0.619, [193.0, 54.0, 54.0])
+    advice = _advice(idle, graph_knob=0)
+    assert advice.bottleneck == "launch" and advice.actions[0].params == {"cuda_graph": 1}
+    assert advice.evidence["host_gap_ms"] == pytest.approx(0.318, abs=1e-3)
+    # already on, or not graphable (no knob): no such advice
+    assert all(a.params != {"cuda_graph": 1} for a in _advice(idle, graph_knob=1).actions)
+    assert all(a.params != {"cuda_graph": 1} for a in _advice(idle, graph_knob=None).actions)
+    # a busy GPU (kernels fill the call): nothing about launches
+    busy = _advice(_profile(0.31, [193.0, 54.0, 54.0]), graph_knob=0)
+    assert busy.bottleneck != "launch"
+
+
+def test_the_graph_action_reaches_the_next_rounds_knobs() -> None:
+    from kforge.agents.expert.compiler import apply_params
+
+    knobs = default_knobs(plan_problem(GEMM), "relaxed")
+    (name, kv), = knobs.items()
+    assert apply_params(kv, {"cuda_graph": 1})["cuda_graph"] == 1

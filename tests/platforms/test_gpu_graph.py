@@ -21,18 +21,18 @@ PROBLEM = ROOT / "problems" / "level2" / "001_gemm_swish_scale.py"
 
 
 def _candidate(tmp_path: Path, policy: str) -> Any:
-    from kforge.agents.expert import ExpertAgent
-    from kforge.config import AgentConfig
-    from kforge.platforms.base import load_example
-    from kforge.schema import GenerationRequest
+    """The expert's round-0 candidate with the knob on (as the analysis turns it on)."""
+    from kforge.agents.expert.planner import plan_problem
+    from kforge.agents.expert.triton_render import default_knobs, render_triton
 
-    agent = ExpertAgent(AgentConfig(kind="expert", model="kforge/expert-v1"))
-    result = agent.generate(GenerationRequest(
-        problem_name=PROBLEM.stem, problem_source=PROBLEM.read_text(), platform="triton",
-        example=load_example("triton"), policy=policy, round=0))
-    assert result.source is not None and "_kf_graphed" in result.source
+    source = PROBLEM.read_text()
+    prog = plan_problem(source)
+    knobs = {name: {**kv, "cuda_graph": 1} if "cuda_graph" in kv else kv
+             for name, kv in default_knobs(prog, policy).items()}
+    text = render_triton(prog, knobs, policy, source)
+    assert "_kf_graphed" in text
     path = tmp_path / f"cand_{policy}.py"
-    path.write_text(result.source)
+    path.write_text(text)
     spec = importlib.util.spec_from_file_location(f"cand_{policy}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kforge.schema import Action, AnalysisRequest, Recommendation
+from kforge.schema import Action, AnalysisRequest, Profile, Recommendation
 
 # Dense tensor/FMA rates (GFLOP/s) per precision mode on the H200, and copy bandwidth (GB/s).
 PEAK_GFLOPS = {
@@ -192,6 +192,23 @@ def _memory_actions(
     return actions
 
 
+HOST_GAP_MIN_MS = 0.02  # an idle gap below this is launch noise
+HOST_GAP_SHARE = 0.15  # ... or below this share of the call
+
+
+def host_gap_ms(profile: Profile) -> float | None:
+    """Per call, the candidate's median time less the device time of its kernels (the select /
+    profile kernel table: a few calls under the profiler; each kernel runs at least once per
+    call, so the least-called kernel's count is the number of calls). None without a table."""
+    if profile.candidate is None or not profile.kernels or profile.device != "cuda":
+        return None
+    calls = min(k.calls for k in profile.kernels)
+    if calls <= 0:
+        return None
+    busy_ms = sum(k.total_us for k in profile.kernels) / calls / 1000.0
+    return max(0.0, profile.candidate.median_ms - busy_ms)
+
+
 def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommendation:
     """Recommend the next change for a profiled Triton candidate (see module docstring)."""
     profile = request.profile
@@ -233,6 +250,8 @@ def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommenda
         expected_kernels = len(planned) + precasts
     else:
         expected_kernels = 3 if kind == "gemm" and plan.get("precast") else 1
+    if plan.get("cuda_graph") == 1:  # the copy out of the graph's memory: aten::clone, copy_, its kernel
+        expected_kernels += 3
     if len(profile.kernels) > expected_kernels:
         return Recommendation(
             bottleneck="launch",
@@ -247,6 +266,18 @@ def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommenda
             ],
             summary="more kernel launches than the pattern needs",
         )
+    gap = host_gap_ms(profile)
+    if gap is not None:
+        evidence["host_gap_ms"] = gap
+        if plan.get("cuda_graph") == 0 and gap > max(HOST_GAP_MIN_MS, HOST_GAP_SHARE * ms):
+            return Recommendation(
+                bottleneck="launch",
+                evidence=evidence,
+                actions=[Action(kind="graph", params={"cuda_graph": 1}, expected_gain=ms / max(ms - gap, 1e-3),
+                                rationale=f"the GPU is idle {gap * 1000:.0f} us of a {ms * 1000:.0f} us call "
+                                          "(Python launches, allocations): replay the launches from a CUDA graph")],
+                summary="host-side launch overhead leaves the GPU idle",
+            )
     if ms < LAUNCH_BOUND_MS:
         return Recommendation(
             bottleneck="latency",

@@ -272,8 +272,12 @@ def default_knobs(program: Program, policy: str) -> dict[str, dict[str, Any]]:
             knobs[k.name] = {"BLOCK_S": min(next_pow2(program.hint(k.length)), 1024), "num_warps": 4}
         elif isinstance(k, GemmKernel):
             knobs[k.name] = default_gemm_knobs(program, k, policy)
-    if graphable(program):  # replay the launches (triton_graph.py)
-        knobs[program.kernels[0].name]["cuda_graph"] = 1
+    if graphable(program):  # off until a profile shows the host side costing (triton_analysis.py)
+        from kforge.agents.expert.compiler import dominant
+
+        name = dominant(program)
+        if name is not None:
+            knobs[name]["cuda_graph"] = 0
     return knobs
 
 
