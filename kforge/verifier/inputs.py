@@ -6,7 +6,13 @@ from one of several distributions (integer inputs such as indices keep the probl
 
     native   what ``get_inputs()`` returns
     signed   standard normal (negative values even if the problem draws from [0, 1))
-    heavy    Cauchy, clipped to +-1e3 (outliers that break naive max/exp tricks)
+    heavy    Cauchy-like, clipped to +-1e3 (outliers that break naive max/exp tricks):
+             ``(pi/4) v / (1/4 - v^2)`` for v uniform in [-1/2, 1/2), the poles of
+             ``tan(pi v)`` and its 1/x tails, in plain IEEE arithmetic. ``torch.tan`` drew
+             different last bits now and then in the candidate's process and the
+             reference's (seen in CI and on the H200, always on this case, never
+             reproduced outside the sandbox; vectorised transcendental libraries may pick
+             code paths by buffer alignment); +, -, * and / are rounded the same everywhere
     scaled   native x 64 (large magnitudes: overflow in an unshifted exp shows up)
 """
 
@@ -64,9 +70,9 @@ def _redraw(t: torch.Tensor, dist: str, gen: torch.Generator) -> torch.Tensor:
         return t
     if dist == "signed":
         return torch.randn(t.shape, generator=gen, dtype=t.dtype)
-    if dist == "heavy":
-        u = torch.rand(t.shape, generator=gen, dtype=torch.float64)
-        return torch.tan(torch.pi * (u - 0.5)).clamp(-1e3, 1e3).to(t.dtype)
+    if dist == "heavy":  # Cauchy-like: tan(pi v) has the same poles; +, -, *, / round the same everywhere
+        v = torch.rand(t.shape, generator=gen, dtype=torch.float64) - 0.5
+        return ((torch.pi / 4) * v / (0.25 - v * v)).clamp(-1e3, 1e3).to(t.dtype)
     if dist == "scaled":
         return t * 64
     raise ValueError(f"unknown input distribution {dist!r}")
