@@ -26,6 +26,8 @@ def _profile(source: str, build_dir: Path) -> tuple[str, str]:
     assert PLATFORM.build(source, build_dir).ok
     prof = profile_candidate(source, off.PROBLEM, platform="cpu", reps=20, threads=1, build_dir=build_dir)
     assert_nothing_left()
+    if prof.reason == "timing_inconsistent":  # measured twice, disagreeing both times
+        assert str(prof.extra.get("first_attempt", "")).startswith("timing_inconsistent"), prof.extra
     return prof.reason if not prof.ok else "ok", prof.detail
 
 

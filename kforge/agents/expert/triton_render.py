@@ -264,7 +264,9 @@ def default_knobs(program: Program, policy: str) -> dict[str, dict[str, Any]]:
             red = program.hint(_numel(k.red))
             if k.red_inner:
                 br = min(next_pow2(red), 2048)
-                bo = max(1, min(next_pow2(program.hint(_numel(k.outer))), 4096 // br, 64))
+                # ~4096 elements a program whatever the row length: a short window (pooling,
+                # a 2 x 2 group) gets more rows per program, not 64 rows of 8
+                bo = max(1, min(next_pow2(program.hint(_numel(k.outer))), 4096 // br, 1024))
             else:
                 bo, br = 64, min(next_pow2(red), 32)
             knobs[k.name] = {"BLOCK_O": bo, "BLOCK_R": br, "num_warps": 8 if bo * br >= 4096 else 4}
