@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import threading
 from dataclasses import dataclass, field
 
 OK_REASONS = frozenset({"ok", "multiple_blocks", "unfenced"})
@@ -90,9 +91,20 @@ def fenced_blocks(reply: str) -> list[Block]:
     return blocks
 
 
+# CPython 3.11 can raise "AST constructor recursion depth mismatch" (SystemError) when two
+# threads parse at once (seen in CI); best-of-n samples are extracted in a thread pool.
+_PARSE_LOCK = threading.Lock()
+
+
+def parse(source: str) -> ast.Module:
+    """``ast.parse``, one thread at a time."""
+    with _PARSE_LOCK:
+        return ast.parse(source)
+
+
 def _parses(source: str) -> bool:
     try:
-        ast.parse(source)
+        parse(source)
     except (SyntaxError, ValueError):
         return False
     return True
@@ -118,7 +130,7 @@ def _unfenced(reply: str) -> Extraction:
 
 def _looks_cut(source: str) -> bool:
     try:
-        ast.parse(source)
+        parse(source)
     except SyntaxError as err:
         return (
             "EOF" in str(err)
