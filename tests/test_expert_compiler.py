@@ -192,3 +192,23 @@ def test_init_inputs_baked_into_kernels_are_refused_when_different(tmp_path: Pat
     mod.ModelNew(8, 32)  # the traced value: fine
     with pytest.raises(ValueError, match=r"compiled for args\[0\] = 8, got 4"):
         mod.ModelNew(4, 32)
+
+
+def test_in_place_ops_on_computed_tensors_become_new_values(tmp_path: Path):
+    # nn.ReLU(inplace=True) and tensor.add_ / mul_ / sigmoid_ on what the forward computed:
+    # every later use sees the update, as in eager PyTorch; all of it fuses into the GEMM
+    src = problem(LINEAR + "\nself.act = nn.ReLU(inplace=True)",
+                  "x = self.act(self.linear(x))\ny = x * 2.0\nx.add_(1.0)\nx.mul_(y)\nreturn torch.sigmoid_(x) + y",
+                  "[torch.randn(8, 32)]", "[32, 24]")
+    assert kinds(src) == ["gemm"]
+    _run_triton(src, tmp_path, [(8, 32), (13, 32)], [32, 24])
+
+
+def test_in_place_ops_that_would_show_through_a_view_or_on_an_input_are_refused():
+    through_view = problem(LINEAR, "x = self.linear(x)\ny = x.view(-1)\nx.add_(1.0)\nreturn y * 2.0",
+                           "[torch.randn(8, 32)]", "[32, 24]")
+    with pytest.raises(UnsupportedError, match="shares storage"):
+        plan_problem(through_view)
+    on_input = problem("", "x.relu_()\nreturn x * 2.0", "[torch.randn(8, 32)]")
+    with pytest.raises(UnsupportedError, match="in-place"):
+        plan_problem(on_input)

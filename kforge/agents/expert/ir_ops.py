@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import sympy
@@ -384,6 +385,8 @@ def _inplace(b: _Builder, fx: torch.fx.Node) -> Node:
         src = b.tensor(fx.args[1])
         return src if src.dtype == dtype else b.add("cast", [src], shape, dtype)
     if dst.op != "param":
+        if name in ("add_", "mul_"):
+            return inplace_on_computed(b, fx, HANDLERS["add" if name == "add_" else "mul"])
         raise UnsupportedError(f"in-place {name} on a computed tensor")
     if name == "copy_":
         value = b.tensor(fx.args[1])
@@ -399,3 +402,45 @@ def _inplace(b: _Builder, fx: torch.fx.Node) -> Node:
 
 def dtype_name(t: torch.dtype) -> str:
     return dtype_of(t)
+
+
+# ATen ops whose result shares storage with an operand: an in-place update through one of
+# them (or of a tensor one of them was taken from) changes another tensor too
+VIEW_OPS = frozenset({"view", "_unsafe_view", "reshape", "slice", "select", "permute", "transpose", "t",
+                      "expand", "unsqueeze", "squeeze", "as_strided", "alias", "diagonal", "narrow",
+                      "unfold", "split", "split_with_sizes", "chunk", "unbind", "detach", "view_as",
+                      "expand_as", "movedim", "swapaxes", "flatten", "unflatten", "_reshape_alias"})
+
+
+class _OutOfPlace:
+    """The in-place fx node seen as its out-of-place op (what the handlers read of a node)."""
+
+    def __init__(self, fx: torch.fx.Node, base: str) -> None:
+        self.args, self.kwargs, self.meta, self.name = fx.args, fx.kwargs, fx.meta, fx.name
+        self.target = SimpleNamespace(overloadpacket=SimpleNamespace(__name__=base))
+
+
+def _op_name(node: Any) -> str:
+    packet = getattr(getattr(node, "target", None), "overloadpacket", None)
+    return str(getattr(packet, "__name__", ""))
+
+
+def inplace_on_computed(b: _Builder, fx: torch.fx.Node, handler: Handler) -> Node:
+    """``relu_(t)``, ``t.add_(u)``... on a tensor the forward computed (not an input, not a
+    parameter): the new value replaces ``t`` for every later use, as functionalisation would.
+    Refused where ``t`` shares storage with another tensor that is read (a view, or one
+    taken from it), since the update would show through that one too; the unread ``alias``
+    that ``nn.ReLU(inplace=True)`` leaves in the trace is no such reader."""
+    dst_fx = fx.args[0]
+    dst = b.tensor(dst_fx)
+    name = _op_name(fx)
+    if dst.op in ("input", "param") or not isinstance(dst_fx, torch.fx.Node):
+        raise UnsupportedError(f"in-place {name} on a forward input")
+    if _op_name(dst_fx) in VIEW_OPS or any(_op_name(u) in VIEW_OPS and u.users for u in dst_fx.users):
+        raise UnsupportedError(f"in-place {name} on a computed tensor that shares storage")
+    shape, dtype = b.meta(fx)
+    if tuple(b.cap.size_expr(s) for s in shape) != dst.shape or dtype != dst.dtype:
+        raise UnsupportedError(f"in-place {name} that changes its operand's shape or dtype")
+    value = handler(b, _OutOfPlace(fx, name[:-1]))  # type: ignore[arg-type]
+    b.env[dst_fx.name] = value  # later uses of t see the update
+    return value
