@@ -212,3 +212,13 @@ def test_in_place_ops_that_would_show_through_a_view_or_on_an_input_are_refused(
     on_input = problem("", "x.relu_()\nreturn x * 2.0", "[torch.randn(8, 32)]")
     with pytest.raises(UnsupportedError, match="in-place"):
         plan_problem(on_input)
+
+
+def test_split_and_chunk_pieces_are_slices(tmp_path: Path):
+    # x.chunk / torch.split (an LSTM's gates): each piece a slice of the GEMM's output
+    src = problem("self.linear = nn.Linear(args[0], 3 * args[1])",
+                  "q, k, v = self.linear(x).chunk(3, dim=1)\ni, f = torch.split(v, v.size(1) // 2, dim=1)\n"
+                  "return torch.sigmoid(q) * torch.tanh(k) + torch.cat([f, i], dim=1)",
+                  "[torch.randn(8, 32)]", "[32, 16]")
+    assert "gemm" in kinds(src)
+    _run_triton(src, tmp_path, [(8, 32), (13, 32)], [32, 16])

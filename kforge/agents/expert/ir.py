@@ -212,6 +212,10 @@ class _Builder:
                         and fx.target not in (operator.getitem,):
                     self.env[fx.name] = Scalar(self.cap.size_expr(val), "f32" if isinstance(val, torch.SymFloat | float) else "i64")
                     continue
+                if isinstance(val, list | tuple) and val and all(
+                        isinstance(v, torch.SymInt | int) and not isinstance(v, bool) for v in val):
+                    self.env[fx.name] = [Scalar(self.cap.size_expr(v), "i64") for v in val]  # x.size()
+                    continue
                 if fx.target is operator.getitem:
                     self.env[fx.name] = self.env[fx.args[0].name][fx.args[1]]
                     continue

@@ -167,6 +167,23 @@ def _broadcast(b: _Builder, fx: torch.fx.Node) -> Node:
     return b.add("broadcast", [x], shape, dtype, bdims=bdims)
 
 
+@handles("split_with_sizes", "split")
+def _split(b: _Builder, fx: torch.fx.Node) -> list[Node]:
+    """The pieces as slices (a list that ``getitem`` indexes)."""
+    x = b.tensor(fx.args[0])
+    vals = fx.meta.get("val")
+    if not isinstance(vals, list | tuple) or not all(isinstance(v, torch.Tensor) for v in vals):
+        raise UnsupportedError(f"{fx.target} without tensor pieces")
+    dim = _arg(fx, 2, "dim", 0) % len(x.shape)
+    pieces, start = [], sympy.Integer(0)
+    for v in vals:
+        shape = tuple(b.cap.size_expr(s) for s in v.shape)
+        pieces.append(x if shape == x.shape else
+                      b.add("slice", [x], shape, dtype_of(v.dtype), dim=dim, start=start, step=1))
+        start = start + shape[dim]
+    return pieces
+
+
 @handles("slice")
 def _slice(b: _Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
