@@ -222,3 +222,11 @@ def test_split_and_chunk_pieces_are_slices(tmp_path: Path):
                   "[torch.randn(8, 32)]", "[32, 16]")
     assert "gemm" in kinds(src)
     _run_triton(src, tmp_path, [(8, 32), (13, 32)], [32, 16])
+
+
+def test_cumprod_carries_its_prefix_across_chunks(tmp_path: Path):
+    # rows longer than one BLOCK_S chunk: each chunk continues from the prefix product stored
+    # at the end of the last one
+    src = problem("", "return torch.cumprod(1.0 + 0.01 * x, dim=1)", "[torch.randn(3, 1500)]")
+    assert kinds(src) == ["scan"]
+    _run_triton(src, tmp_path, [(3, 1500), (2, 2100)], [])

@@ -235,7 +235,11 @@ def scan_kernel(k: ScanKernel, knobs: dict[str, Any]) -> tuple[str, list[str]]:
     v = emit(k.body)
     idx = emit.index(k.store.index)
     ident = "1.0" if k.op == "prod" else "0.0"
-    step = (["        c = tl.cumprod(v, 0) * carry", "        carry = carry * tl.reduce(v, 0, _mul_combine)"]
+    # the carry into the next chunk is the prefix product just stored (masked lanes are 1.0, so
+    # the chunk's last lane holds it): the same value the output has there, and one sum instead
+    # of a custom-combine reduce (which the interpreter runs element by element in Python)
+    step = (["        c = tl.cumprod(v, 0) * carry",
+             "        carry = tl.sum(tl.where(tl.arange(0, BLOCK_S) == BLOCK_S - 1, c, 0.0), 0)"]
             if k.op == "prod" else
             ["        c = tl.cumsum(v, 0) + carry", "        carry = carry + tl.sum(v, 0)"])
     src = ["@triton.jit", f"def {k.name}({args.params()}, BLOCK_S: tl.constexpr):",
