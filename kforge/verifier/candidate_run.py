@@ -20,7 +20,14 @@ from torch.profiler import ProfilerActivity, profile
 
 from kforge.verifier import inputs as inputs_mod
 from kforge.verifier import probes, protocol
-from kforge.verifier.inputs import Case, digest, input_digests, load_case_problem, make_inputs
+from kforge.verifier.inputs import (
+    Case,
+    combine,
+    digest,
+    input_digests,
+    load_case_problem,
+    make_inputs,
+)
 from kforge.verifier.probes import (
     Integrity,
     LaunchCounter,
@@ -70,7 +77,7 @@ def _import_candidate(job: dict[str, Any], fail: Send, finish: Send) -> tuple[An
         (probes, "probes", ["output_report", "encode_tensor", "background_work", "precision_flags",
                             "profile_events"]),
         (protocol, "protocol", ["send_frame", "encode_frame"]),
-        (inputs_mod, "inputs", ["make_inputs", "digest"]),
+        (inputs_mod, "inputs", ["make_inputs", "digest", "input_digests", "combine"]),
         (sys.modules[__name__], "candidate_run", ["run_candidate", "run_profile"]),
     ])
     try:
@@ -118,8 +125,8 @@ def run_candidate(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> 
         except Exception as exc:  # noqa: BLE001 - ModelNew.__init__ is candidate code
             send({"kind": "case", "index": case.index, "error": f"{type(exc).__name__}: {exc}"})
             continue
-        before = digest(inputs)
         each = input_digests(inputs)
+        before = combine(each)
         poison(2 * sum(t.numel() * t.element_size() for t in inputs_mod.tensors_in(inputs)), device)
         threads_before = {t.ident for t in threading.enumerate()}
         launches = counter.triton_launches

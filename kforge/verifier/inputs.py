@@ -112,31 +112,30 @@ def tensors_in(value: Any) -> Iterator[torch.Tensor]:
             yield from tensors_in(item)
 
 
-def _update(h: Any, value: Any) -> None:
-    if isinstance(value, torch.Tensor):
-        t = value.detach().to("cpu").contiguous()
-        h.update(f"{tuple(t.shape)}{t.dtype}".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    else:
-        h.update(repr(value).encode())
-
-
-def digest(values: list[Any]) -> str:
-    """sha256 over shapes, dtypes and bytes of every tensor in ``values`` (other values by repr)."""
-    h = hashlib.sha256()
-    for value in values:
-        _update(h, value)
-    return h.hexdigest()
-
-
 def input_digests(values: list[Any]) -> list[str]:
-    """One short digest per input, so a mismatch says which input differs."""
+    """sha256 per value: shape, dtype and bytes of a tensor, ``repr`` of anything else (one
+    pass over the bytes; a mismatch can then name the input that differs)."""
     out = []
     for value in values:
         h = hashlib.sha256()
-        _update(h, value)
-        out.append(h.hexdigest()[:16])
+        if isinstance(value, torch.Tensor):
+            t = value.detach().to("cpu").contiguous()
+            h.update(f"{tuple(t.shape)}{t.dtype}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        else:
+            h.update(repr(value).encode())
+        out.append(h.hexdigest())
     return out
+
+
+def combine(digests: list[str]) -> str:
+    """One digest of a list of :func:`input_digests`."""
+    return hashlib.sha256("".join(digests).encode()).hexdigest()
+
+
+def digest(values: list[Any]) -> str:
+    """One digest of every value in ``values`` (see :func:`input_digests`)."""
+    return combine(input_digests(values))
 
 
 def load_case_problem(path: Path, preset: str, sizes: dict[str, int] | None) -> Any:

@@ -13,6 +13,7 @@ candidate cannot patch it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -35,6 +36,7 @@ Compare = Literal["auto", "host", "device"]
 REFERENCE_CACHE_VERSION = "3"  # 2: the reference runs with TF32 off; 3: float64 outputs of stress cases
 
 
+@functools.cache
 def _reference_code_digest() -> str:
     """The code that makes the reference's frames (inputs, worker, problem loading): a change
     to any of it is a new cache key, so frames from older code are never reused."""

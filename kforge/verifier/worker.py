@@ -135,7 +135,7 @@ def _reference_case(job: dict[str, Any], case: Any, cache: dict[str, Any]) -> tu
     from torch.profiler import ProfilerActivity, profile
 
     from kforge.verifier.inputs import (
-        digest,
+        combine,
         input_digests,
         load_case_problem,
         make_inputs,
@@ -151,7 +151,8 @@ def _reference_case(job: dict[str, Any], case: Any, cache: dict[str, Any]) -> tu
         cache[key] = (p, build_models(p, None, job["model_seed"], device)[0])
     problem, model = cache[key]
     inputs = make_inputs(problem, case, device, draw_on_device=bool(job.get("draw_on_device")))
-    before = digest(inputs)
+    each = input_digests(inputs)
+    before = combine(each)
     ops: list[str] = []
     same = True
     with torch.no_grad():
@@ -173,7 +174,7 @@ def _reference_case(job: dict[str, Any], case: Any, cache: dict[str, Any]) -> tu
         metas.append(meta)
         blobs.append(blob)
     header = {"kind": "case", "index": case.index, "dist": case.dist, "sizes": sizes, "outputs": metas,
-              "digest": before, "input_digests": input_digests(inputs), "ops": ops, "deterministic": same, "flags": precision_flags()}
+              "digest": before, "input_digests": each, "ops": ops, "deterministic": same, "flags": precision_flags()}
     if case.dist != "native" and not job.get("device_compare"):
         exact = _exact_outputs(model, inputs, len(tensors))
         if exact is not None:
