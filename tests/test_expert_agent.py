@@ -161,8 +161,11 @@ def test_the_failed_margin_reaches_the_repair_round() -> None:
 @pytest.mark.parametrize(
     "source,platform,expect",
     [("import torch\nclass Model(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+      "    def forward(self, x):\n        return torch.sort(x, dim=-1).values\n"
+      "def get_inputs():\n    return [torch.randn(4, 8)]\ndef get_init_inputs():\n    return []\n", "cpu", "sort"),
+     ("import torch\nclass Model(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
       "        self.c = torch.nn.Conv2d(3, 4, 3)\n    def forward(self, x):\n        return self.c(x)\n"
-      "def get_inputs():\n    return [torch.randn(1, 3, 8, 8)]\ndef get_init_inputs():\n    return []\n", "cpu", "conv"),
+      "def get_inputs():\n    return [torch.randn(1, 3, 8, 8)]\ndef get_init_inputs():\n    return []\n", "cuda", "Conv2d"),
      (None, "metal", "no 'metal' code generator")],
 )
 def test_unsupported_gives_a_clear_result(source: str | None, platform: str, expect: str) -> None:

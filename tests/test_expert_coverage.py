@@ -33,11 +33,14 @@ CPU_SAMPLE = [
     SHARED / "level1" / "51_Argmax_over_a_dimension.py",
     ROOT / "problems" / "level2" / "019_gemm_glu.py",
     ROOT / "problems" / "level2" / "040_bmm_max_dim1_logsumexp.py",
+    SHARED / "level2" / "1_Conv2D_ReLU_BiasAdd.py",  # a convolution as an implicit GEMM
 ]
 TRITON_SAMPLE = [
     (SHARED / "level1" / "48_Mean_reduction_over_a_dimension.py", {"batch_size": 4, "dim1": 16, "dim2": 15}),
     (ROOT / "problems" / "level2" / "047_gemm_mish_gemm_softmax.py",
      {"batch_size": 8, "in_features": 32, "hidden_features": 48, "out_features": 16}),
+    (SHARED / "level2" / "10_ConvTranspose2d_MaxPool_Hardtanh_Mean_Tanh.py",
+     {"batch_size": 2, "in_channels": 4, "out_channels": 8, "height": 6, "width": 6}),
 ]
 
 

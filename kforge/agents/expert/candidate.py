@@ -70,7 +70,7 @@ def py_expr(expr: Any) -> str:
     raise UnsupportedError(f"size expression {e} ({type(e).__name__})")
 
 
-def reference_init(problem_source: str, fixed_init: dict[int, int] | None = None,
+def reference_init(problem_source: str, fixed_init: dict[int, Any] | None = None,
                    keep_args: bool = False) -> tuple[list[str], str]:
     """The problem's import lines and ``Model.__init__`` (``def`` included), with
     ``super(Model, self)`` written ``super()`` so it initialises ``ModelNew``; with
@@ -141,7 +141,8 @@ def forward_source(program: Program, arg_names: list[str], launch: Callable[[Ker
     for sym, (index, dim, scale) in sorted(program.sources.items(), key=lambda kv: str(kv[0])):
         lines.append(f"{sym} = {ph_exprs[index]}.shape[{dim}]" + (f" // {scale}" if scale != 1 else ""))
     for sym, index in sorted(program.init_sources.items(), key=lambda kv: str(kv[0])):
-        lines.append(f"{sym} = int(self._kf_init[{index}])")
+        at = f"[{index}]" if isinstance(index, int) else f"[{index[0]}][{index[1]}]"
+        lines.append(f"{sym} = int(self._kf_init{at})")
     for sym, (a, b) in sorted(program.derived.items(), key=lambda kv: str(kv[0])):
         lines.append(f"{sym} = {a} // {b}")
     for buf in program.buffers.values():

@@ -38,6 +38,7 @@ import sympy
 import torch
 from torch.overrides import TorchFunctionMode
 
+from kforge.agents.expert.conv_decomp import CONV
 from kforge.agents.expert.graph import UnsupportedError
 
 RANDOM_OPS = ("bernoulli", "rand", "randn", "randint", "native_dropout", "uniform", "normal",
@@ -49,6 +50,9 @@ class NondeterministicReference(UnsupportedError):
 
     def __init__(self, what: str) -> None:
         ValueError.__init__(self, f"nondeterministic_reference: {what}")
+
+
+InitKey = int | tuple[int, int]  # an init input, or one element of a tuple init input
 
 
 @dataclass
@@ -74,9 +78,9 @@ class Captured:
     unsourced: dict[sympy.Symbol, int] = field(default_factory=dict)
     # init inputs the trace had to take as plain numbers (index -> value): the kernels are only
     # right for these values, so ModelNew refuses others with a clear error
-    fixed_init: dict[int, int] = field(default_factory=dict)
+    fixed_init: dict[int, Any] = field(default_factory=dict)
     # symbol -> init input index: a size only the constructor's arguments carry (num_groups)
-    init_sources: dict[sympy.Symbol, int] = field(default_factory=dict)
+    init_sources: dict[sympy.Symbol, InitKey] = field(default_factory=dict)
     # a size the trace proved divisible (GroupNorm's channels by groups): a -> b * q, and the
     # quotient q -> (a, b), read as ``a // b``; so ``b * (a // b)`` simplifies back to ``a``
     divisions: dict[sympy.Symbol, sympy.Expr] = field(default_factory=dict)
@@ -149,8 +153,12 @@ def forward_arg_names(model_cls: type, count: int) -> list[str]:
     return [n if n.isidentifier() else f"x{i}" for i, n in enumerate(names[:count])]
 
 
+def _size_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 2
+
+
 def _build_symbolic(model_cls: type, init_inputs: list[Any], env: Any, mode: Any, concrete: set[int],
-                    symints: dict[int, Any]) -> Any:
+                    symints: dict[InitKey, Any]) -> Any:
     """``Model`` built under the fake mode with every integer init input a size symbol, so
     sizes that come from the constructor (``nn.LayerNorm(dim)``, ``num_groups``) stay
     symbolic (``symints``: init index -> the SymInt it was given); ``None`` when the
@@ -160,15 +168,25 @@ def _build_symbolic(model_cls: type, init_inputs: list[Any], env: Any, mode: Any
     from torch._dynamo.source import ConstantSource
     from torch.fx.experimental.symbolic_shapes import DimDynamic
 
+    def symbolic(value: int, key: InitKey) -> Any:
+        # nn.LayerNorm and friends test ``isinstance(n, numbers.Integral)``: a SymInt is
+        # one (registered once, in a process that builds a model with symbolic ints only)
+        numbers.Integral.register(torch.SymInt)
+        name = f"init{key}" if isinstance(key, int) else f"init{key[0]}_{key[1]}"
+        sym = env.create_symbol(value, ConstantSource(name), dynamic_dim=DimDynamic.DYNAMIC)
+        symints[key] = env.create_symintnode(sym, hint=value)
+        return symints[key]
+
     args: list[Any] = []
     for i, value in enumerate(init_inputs):
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 2 and i not in concrete:
-            # nn.LayerNorm and friends test ``isinstance(n, numbers.Integral)``: a SymInt is
-            # one (registered once, in a process that builds a model with symbolic ints only)
-            numbers.Integral.register(torch.SymInt)
-            sym = env.create_symbol(value, ConstantSource(f"init{i}"), dynamic_dim=DimDynamic.DYNAMIC)
-            symints[i] = env.create_symintnode(sym, hint=value)
-            args.append(symints[i])
+        if i in concrete:
+            args.append(value)
+        elif _size_int(value):
+            args.append(symbolic(value, i))
+        elif isinstance(value, tuple) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            # a shape tuple (KernelBench's ``bias_shape = (out_channels, 1, 1)``): each size
+            # its own symbol, so a broadcast against a computed size unifies the two
+            args.append(tuple(symbolic(v, (i, j)) if _size_int(v) else v for j, v in enumerate(value)))
         else:
             args.append(value)
     # Initialisers compute with the sizes (kaiming's fan-in under a sqrt) and would bake them
@@ -239,7 +257,7 @@ def _capture(ns: dict[str, Any], init_inputs: list[Any], raw_inputs: list[Any], 
     env = ShapeEnv(duck_shape=False)
     mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
     model = None
-    symints: dict[int, Any] = {}
+    symints: dict[InitKey, Any] = {}
     if len(concrete) < len(init_inputs) or not init_inputs:
         model = _build_symbolic(ns["Model"], init_inputs, env, mode, concrete, symints)
     if model is None:  # a constructor that needs concrete ints: sizes it reads are baked in
@@ -314,16 +332,16 @@ def _capture(ns: dict[str, Any], init_inputs: list[Any], raw_inputs: list[Any], 
                 scaled.setdefault(expr.args[1], (index, dim, int(expr.args[0])))
     for sym, src in scaled.items():
         captured.sources.setdefault(sym, src)
-    for i, symint in symints.items():
+    for key, symint in symints.items():
         expr = captured.size_expr(symint)
         if expr.is_number:  # the trace pinned it (a pooling window): built for this value only
-            concrete.add(i)
+            concrete.add(key if isinstance(key, int) else key[0])
         elif isinstance(expr, sympy.Symbol) and expr not in captured.sources:
-            captured.init_sources[expr] = i
+            captured.init_sources[expr] = key
     captured.unsourced = {s: v for s, v in hints.items() if s not in captured.sources
                           and s not in captured.init_sources}
     captured.fixed_init = {i: v for i, v in enumerate(init_inputs) if i in concrete
-                           and isinstance(v, int) and not isinstance(v, bool) and v >= 2}
+                           and (_size_int(v) or (isinstance(v, tuple) and any(_size_int(x) for x in v)))}
     _divisions(captured)
     return captured
 
@@ -366,7 +384,24 @@ class _GenericSizes(TorchFunctionMode):
             return _group_norm(*args, **kwargs)
         if func in MAX_POOL1D:
             return _max_pool1d(*args, **kwargs, indices=MAX_POOL1D[func])
+        if func is torch.tensor and isinstance(args[0] if args else None, float | int) \
+                and str(kwargs.get("device", "")) == "meta":  # a number's value must survive the trace
+            return func(args[0], **{k: v for k, v in kwargs.items() if k != "device"})
+        if func in CONV:  # an implicit GEMM over ops the IR has (conv_decomp.py)
+            return CONV[func](*args, **kwargs)
+        if func in GLOBAL_POOL and _global(args, kwargs):  # to one element per channel: a plain reduction
+            dims = list(range(2, args[0].dim())) if args[0].dim() > GLOBAL_POOL[func][1] else \
+                list(range(1, args[0].dim()))  # unbatched input
+            return args[0].mean(dims, keepdim=True) if GLOBAL_POOL[func][0] == "avg" else \
+                args[0].amax(dims, keepdim=True)
         return func(*args, **kwargs)
+
+
+def _global(args: Any, kwargs: dict[str, Any]) -> bool:
+    """An adaptive pool to output size 1 in every spatial dim, without indices."""
+    size = _arg0(args, kwargs, 1, "output_size")
+    sizes = list(size) if isinstance(size, list | tuple) else [size]
+    return all(v == 1 for v in sizes) and not _arg0(args, kwargs, 2, "return_indices")
 
 
 def _arg0(args: Any, kwargs: dict[str, Any], i: int, name: str) -> Any:
@@ -400,6 +435,10 @@ def _max_pool1d(x: torch.Tensor, kernel_size: Any, stride: Any = None, padding: 
 
 
 F = torch.nn.functional
+# adaptive pools -> (kind, rank of a batched input); output size 1 is a mean / max per channel
+GLOBAL_POOL = {F.adaptive_avg_pool1d: ("avg", 2), F.adaptive_avg_pool2d: ("avg", 3), F.adaptive_avg_pool3d: ("avg", 4),
+               F.adaptive_max_pool1d: ("max", 2), F.adaptive_max_pool2d: ("max", 3), F.adaptive_max_pool3d: ("max", 4),
+               torch.adaptive_avg_pool1d: ("avg", 2)}
 # the functions a 1-d max pool reaches __torch_function__ through -> whether they return indices
 # (None: as their ``return_indices`` argument says)
 MAX_POOL1D = {F.max_pool1d: None, F._max_pool1d: False, F.max_pool1d_with_indices: True, torch.max_pool1d: False,

@@ -199,6 +199,14 @@ class _Builder:
                 self.env[fx.name] = self.add(ph.role, [], shape, dtype, index=index, name=ph.name,
                                              is_buffer=ph.is_buffer)
                 index += 1
+            elif fx.op == "get_attr":  # a constant the forward made (``torch.tensor(0.5)``)
+                value = getattr(self.cap.gm, str(fx.target), None)
+                if not isinstance(value, torch.Tensor) or value.numel() != 1 or value.dtype not in DTYPES \
+                        or value.is_meta:
+                    raise UnsupportedError(f"a constant tensor {fx.target} that is not a single number")
+                item = value.item()
+                self.env[fx.name] = self.add("const", [], tuple(value.shape), DTYPES[value.dtype],
+                                             value=float(item) if value.is_floating_point() else item)
             elif fx.op == "output":
                 result = fx.args[0]
                 returns_tuple = isinstance(result, list | tuple)

@@ -123,8 +123,8 @@ class Program:
     placeholders: list[str]  # buffer name of each placeholder, in capture order
     hints: dict[Any, int]
     notes: list[str] = field(default_factory=list)
-    fixed_init: dict[int, int] = field(default_factory=dict)  # init inputs baked into the kernels
-    init_sources: dict[Any, int] = field(default_factory=dict)  # size symbol -> init input index
+    fixed_init: dict[int, Any] = field(default_factory=dict)  # init inputs baked into the kernels (ints, shape tuples)
+    init_sources: dict[Any, Any] = field(default_factory=dict)  # size symbol -> init input index (or (index, element))
     derived: dict[Any, tuple[Any, Any]] = field(default_factory=dict)  # quotient q -> (a, b): q = a // b
     rewrites: list[str] = field(default_factory=list)  # names of the rewrite rules applied (rewrites.py)
     rewrite_notes: list[str] = field(default_factory=list)  # what each application did

@@ -1,0 +1,142 @@
+"""Convolutions as an implicit GEMM the rest of the compiler already knows, during the trace only.
+
+``F.conv{1,2,3}d`` and ``F.conv_transpose{1,2,3}d`` reach :class:`.capture._GenericSizes`
+and are traced as the same math over ops the IR has (``constant_pad_nd``, strided ``slice``,
+``cat``, ``permute`` / ``view``, ``mm`` / ``bmm``, ``add``), so every convolution arrives as a
+GEMM whose A operand is an index map over the input (im2col, which the planner materialises
+as the GEMM's prologue) and whose epilogue fuses what follows (bias, activations, norms)::
+
+    conv:            out[n, co, o] = sum_{c, k} x_pad[n, g(co) c, o * s + k * d] w[co, c, k]
+                     A = the K = C/g * prod(k) shifted, strided windows of the padded input
+    conv_transpose:  the conv, stride 1, of the input with (s - 1) zeros between neighbours,
+                     padded by d (k - 1) - p (and output_padding at the end), with the weight's
+                     in / out channels swapped per group and its window flipped
+
+Window sizes, strides, paddings, dilations and groups are taken as plain integers (``int()``
+pins a size symbol to its value: ``capture`` records it in ``fixed_init`` and ``ModelNew``
+refuses other values); the input's batch and spatial sizes stay symbolic.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import torch
+
+F = torch.nn.functional
+
+
+def _tuple(value: Any, nd: int, what: str) -> list[int]:
+    vals = list(value) if isinstance(value, list | tuple) else [value] * nd
+    if len(vals) == 1:
+        vals = vals * nd
+    if len(vals) != nd:
+        raise ValueError(f"conv {what}: {len(vals)} values for {nd} spatial dims")
+    return [int(v) for v in vals]
+
+
+def _pad_or_crop(x: torch.Tensor, before: list[int], after: list[int]) -> torch.Tensor:
+    """Zero-pad (or crop, for a negative amount) the trailing ``len(before)`` dims."""
+    nd = len(before)
+    for i in range(nd):
+        dim = x.dim() - nd + i
+        lo, hi = before[i], after[i]
+        if lo < 0:
+            x = x.narrow(dim, -lo, x.shape[dim] + lo)
+            lo = 0
+        if hi < 0:
+            x = x.narrow(dim, 0, x.shape[dim] + hi)
+            hi = 0
+        if lo or hi:  # as a cat with zeros: F.pad's C++ shape check would pin every size symbol
+            parts = [x.new_zeros(*x.shape[:dim], lo, *x.shape[dim + 1:])] if lo else []
+            parts.append(x)
+            if hi:
+                parts.append(x.new_zeros(*x.shape[:dim], hi, *x.shape[dim + 1:]))
+            x = torch.cat(parts, dim=dim)
+    return x
+
+
+def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Any = 1,
+         padding: Any = 0, dilation: Any = 1, groups: Any = 1) -> torch.Tensor:
+    """``F.convNd`` (any N) as im2col + one (batched per group) matrix product."""
+    nd = weight.dim() - 2
+    unbatched = x.dim() == nd + 1
+    if unbatched:
+        x = x.unsqueeze(0)
+    k = [int(v) for v in weight.shape[2:]]
+    s, d, g = _tuple(stride, nd, "stride"), _tuple(dilation, nd, "dilation"), int(groups)
+    if isinstance(padding, str):
+        if padding == "valid":
+            before = after = [0] * nd
+        elif padding == "same":
+            total = [di * (ki - 1) for di, ki in zip(d, k, strict=True)]
+            before = [t // 2 for t in total]
+            after = [t - b for t, b in zip(total, before, strict=True)]
+        else:
+            raise ValueError(f"conv padding {padding!r}")
+    else:
+        before = after = _tuple(padding, nd, "padding")
+    xp = _pad_or_crop(x, before, after)
+    n, c = xp.shape[0], xp.shape[1]
+    out = [(xp.shape[2 + i] - d[i] * (k[i] - 1) - 1) // s[i] + 1 for i in range(nd)]
+    windows = []
+    for offs in itertools.product(*(range(ki) for ki in k)):
+        w = xp
+        for i, o in enumerate(offs):
+            start = o * d[i]
+            w = w[(slice(None),) * (2 + i) + (slice(start, start + s[i] * (out[i] - 1) + 1, s[i]),)]
+        windows.append(w)
+    kk = math.prod(k)
+    cols = torch.stack(windows, dim=2) if kk > 1 else windows[0].unsqueeze(2)  # [N, C, KK, *out]
+    co = weight.shape[0]
+    length = math.prod(out)  # every size spelled out: a -1 would make the trace guard on sizes
+    if g == 1:
+        a = cols.reshape(n, c * kk, length).permute(0, 2, 1).reshape(n * length, c * kk)  # [N * L, C * KK]
+        y = torch.mm(a, weight.reshape(co, c * kk).t())  # [N * L, CO]
+        y = y.reshape(n, length, co).permute(0, 2, 1)
+    else:
+        cg, cog = c // g, co // g
+        a = cols.reshape(n, g, cg * kk, length).permute(1, 0, 3, 2).reshape(g, n * length, cg * kk)
+        b = weight.reshape(g, cog, cg * kk).permute(0, 2, 1)  # [G, Cg * KK, COg]
+        y = torch.bmm(a, b).reshape(g, n, length, cog).permute(1, 0, 3, 2).reshape(n, co, length)
+    y = y.reshape([n, co, *out])
+    if bias is not None:
+        y = y + bias.reshape([1, co] + [1] * nd)
+    return y.squeeze(0) if unbatched else y
+
+
+def conv_transpose(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+                   padding: Any = 0, output_padding: Any = 0, groups: Any = 1, dilation: Any = 1) -> torch.Tensor:
+    """``F.conv_transposeNd`` as the stride-1 :func:`conv` of the zero-stuffed input."""
+    nd = weight.dim() - 2
+    unbatched = x.dim() == nd + 1
+    if unbatched:
+        x = x.unsqueeze(0)
+    k = [int(v) for v in weight.shape[2:]]
+    s, p = _tuple(stride, nd, "stride"), _tuple(padding, nd, "padding")
+    op, d, g = _tuple(output_padding, nd, "output_padding"), _tuple(dilation, nd, "dilation"), int(groups)
+    for i in range(nd):  # (s - 1) zeros after every element, then the trailing ones cut off
+        if s[i] > 1:
+            dim = 2 + i
+            length = x.shape[dim]
+            z = x.unsqueeze(dim + 1)
+            zeros = torch.zeros_like(z).expand(*z.shape[: dim + 1], s[i] - 1, *z.shape[dim + 2:])
+            x = torch.cat([z, zeros], dim=dim + 1).flatten(dim, dim + 1)
+            x = x.narrow(dim, 0, (length - 1) * s[i] + 1)
+    before = [d[i] * (k[i] - 1) - p[i] for i in range(nd)]
+    after = [before[i] + op[i] for i in range(nd)]
+    x = _pad_or_crop(x, before, after)
+    cin, cog = weight.shape[0], weight.shape[1]
+    cig = cin // g
+    w = weight.reshape([g, cig, cog, *k]).transpose(1, 2).reshape([g * cog, cig, *k])
+    w = w.flip(list(range(2, 2 + nd)))
+    y = conv(x, w, bias, 1, 0, d, g)
+    return y.squeeze(0) if unbatched else y
+
+
+CONV = {F.conv1d: conv, F.conv2d: conv, F.conv3d: conv, torch.conv1d: conv, torch.conv2d: conv, torch.conv3d: conv,
+        F.conv_transpose1d: conv_transpose, F.conv_transpose2d: conv_transpose, F.conv_transpose3d: conv_transpose,
+        torch.conv_transpose1d: conv_transpose, torch.conv_transpose2d: conv_transpose,
+        torch.conv_transpose3d: conv_transpose}

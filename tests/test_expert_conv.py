@@ -1,0 +1,138 @@
+"""Convolutions in the expert compiler: the implicit-GEMM decomposition equals PyTorch's own
+convolutions (every dim count, stride, padding, dilation, groups, output padding), and a
+traced convolution keeps its batch, channels and spatial sizes symbolic (only the window,
+stride and similar integers are pinned, and ``ModelNew`` refuses other values)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+
+from kforge.agents.expert.capture import capture_problem
+from kforge.agents.expert.conv_decomp import conv, conv_transpose
+from kforge.agents.expert.ir import build_graph
+from kforge.agents.expert.planner import plan_graph
+
+F = torch.nn.functional
+FORWARD = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+TRANSPOSED = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+CASES = [  # stride, padding, dilation, groups, window
+    (1, 0, 1, 1, 3), (2, 1, 1, 1, 3), (2, 1, 2, 2, 3), (1, 2, 1, 4, 5), (3, 0, 1, 1, 2), (1, 1, 1, 2, 1),
+]
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+def test_the_decomposition_is_pytorchs_convolution(nd: int) -> None:
+    gen = torch.Generator().manual_seed(nd)
+    x = torch.randn(2, 8, *[9, 8, 7][:nd], generator=gen, dtype=torch.float64)
+    checked = 0
+    for s, p, d, g, k in CASES:
+        w = torch.randn(12, 8 // g, *[k] * nd, generator=gen, dtype=torch.float64)
+        b = torch.randn(12, generator=gen, dtype=torch.float64)
+        want = FORWARD[nd](x, w, b, s, p, d, g)
+        torch.testing.assert_close(conv(x, w, b, s, p, d, g), want, rtol=1e-12, atol=1e-12)
+        checked += 1
+        for op in range(max(s, d)):
+            wt = torch.randn(8, 12 // g, *[k] * nd, generator=gen, dtype=torch.float64)
+            want = TRANSPOSED[nd](x, wt, b, s, p, op, g, d)
+            got = conv_transpose(x, wt, b, s, p, op, g, d)
+            assert got.shape == want.shape
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+            checked += 1
+    assert checked >= 14
+
+
+def test_string_padding_and_an_unbatched_input() -> None:
+    x = torch.randn(3, 10, 9, dtype=torch.float64)
+    w = torch.randn(4, 3, 3, 2, dtype=torch.float64)
+    for pad in ("same", "valid"):
+        torch.testing.assert_close(conv(x, w, None, 1, pad, 2), F.conv2d(x, w, None, 1, pad, 2))
+    wt = torch.randn(3, 5, 3, 3, dtype=torch.float64)
+    torch.testing.assert_close(conv_transpose(x, wt, None, 2, 1, 1), F.conv_transpose2d(x, wt, None, 2, 1, 1))
+
+
+PROBLEM = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, stride, padding, output_padding, bias_shape):
+        super(Model, self).__init__()
+        self.conv_transpose = nn.ConvTranspose2d(in_channels, out_channels, kernel_size, stride=stride,
+                                                 padding=padding, output_padding=output_padding)
+        self.bias = nn.Parameter(torch.randn(bias_shape))
+
+    def forward(self, x):
+        x = self.conv_transpose(x) + self.bias
+        x = torch.min(x, torch.tensor(0.25, device=x.device))
+        return torch.nn.functional.adaptive_avg_pool2d(torch.relu(x), 1)
+
+
+batch_size = 16
+in_channels, out_channels = 32, 64
+height = width = 24
+kernel_size, stride, padding, output_padding = 3, 2, 1, 1
+bias_shape = (out_channels, 1, 1)
+
+
+def get_inputs():
+    return [torch.rand(batch_size, in_channels, height, width)]
+
+
+def get_init_inputs():
+    return [in_channels, out_channels, kernel_size, stride, padding, output_padding, bias_shape]
+'''
+
+
+def test_a_traced_convolution_keeps_its_sizes_symbolic() -> None:
+    cap = capture_problem(PROBLEM)
+    # the window and the stride are baked in; channels, batch, height, width and the bias
+    # tuple's size stay symbols that ModelNew reads back from its tensors
+    assert cap.fixed_init == {2: 3, 3: 2}
+    assert not any(expr.is_number for expr in cap.env.replacements.values() if expr != 3 and expr != 2)
+    inputs = [p for p in cap.placeholders if p.role == "input"]
+    assert inputs[0].shape_hint == (16, 32, 24, 24)
+    graph = build_graph(cap)
+    ops = {n.op for n in graph.nodes}
+    assert {"matmul", "const", "reduce"} <= ops  # the GEMM, torch.tensor(0.25), the global pool
+    program = plan_graph(graph)
+    assert "gemm" in program.summary()
+
+
+def test_modelnew_refuses_another_window(tmp_path: Path) -> None:
+    from kforge.agents.expert.candidate import reference_init
+
+    _, init = reference_init(PROBLEM, capture_problem(PROBLEM).fixed_init)
+    assert "kernel_size != 3" in init and "stride != 2" in init and "in_channels !=" not in init
+
+
+@pytest.mark.parametrize("nd,stride", list(itertools.product([2, 3], [1, 2])))
+def test_the_trace_of_a_decomposed_conv_runs(nd: int, stride: int) -> None:
+    """The decomposition under the capture's fake symbolic tensors: no size but the window pinned."""
+    conv_cls = {2: "Conv2d", 3: "ConvTranspose3d"}[nd]
+    spatial = ", ".join(["8"] * nd)
+    source = f'''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, c_in, c_out, k):
+        super(Model, self).__init__()
+        self.conv = nn.{conv_cls}(c_in, c_out, k, stride={stride}, padding=1)
+
+    def forward(self, x):
+        return torch.sigmoid(self.conv(x))
+
+def get_inputs():
+    return [torch.randn(4, 6, {spatial})]
+
+def get_init_inputs():
+    return [6, 10, 3]
+'''
+    cap = capture_problem(source)
+    assert cap.fixed_init == {2: 3}
+    assert "gemm" in plan_graph(build_graph(cap)).summary()
