@@ -45,6 +45,29 @@ def test_the_decomposition_is_pytorchs_convolution(nd: int) -> None:
     assert checked >= 14
 
 
+def test_transposed_convs_over_random_settings() -> None:
+    """Stride above the window (phases without taps), padding beyond the window (crops),
+    dilation and stride sharing a factor, output padding, groups: equal to PyTorch's."""
+    rng = torch.Generator().manual_seed(7)
+    checked = 0
+    for trial in range(60):
+        s, p, d, k, g = (int(torch.randint(lo, hi, (1,), generator=rng)) for lo, hi in
+                         ((1, 4), (0, 4), (1, 4), (1, 5), (1, 3)))
+        op = int(torch.randint(0, max(s, d), (1,), generator=rng))
+        nd = 1 + trial % 2
+        x = torch.randn(2, 4, *[7, 6][:nd], generator=rng, dtype=torch.float64)
+        w = torch.randn(4, 6 // g, *[k] * nd, generator=rng, dtype=torch.float64)
+        try:
+            want = TRANSPOSED[nd](x, w, None, s, p, op, g, d)
+        except RuntimeError:  # PyTorch refuses the setting (output padding too large, empty output)
+            continue
+        got = conv_transpose(x, w, None, s, p, op, g, d)
+        assert got.shape == want.shape, (s, p, d, k, g, op)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=str((s, p, d, k, g, op)))
+        checked += 1
+    assert checked >= 30
+
+
 def test_string_padding_and_an_unbatched_input() -> None:
     x = torch.randn(3, 10, 9, dtype=torch.float64)
     w = torch.randn(4, 3, 3, 2, dtype=torch.float64)

@@ -8,9 +8,10 @@ as the GEMM's prologue) and whose epilogue fuses what follows (bias, activations
 
     conv:            out[n, co, o] = sum_{c, k} x_pad[n, g(co) c, o * s + k * d] w[co, c, k]
                      A = the K = C/g * prod(k) shifted, strided windows of the padded input
-    conv_transpose:  the conv, stride 1, of the input with (s - 1) zeros between neighbours,
-                     padded by d (k - 1) - p (and output_padding at the end), with the weight's
-                     in / out channels swapped per group and its window flipped
+    conv_transpose:  one stride-1 conv per output phase r (o = q s + r): it meets only the
+                     taps t with (r + p - t d) % s == 0, at input q + (r + p - t d) / s, so
+                     each phase is a conv with those taps flipped; the phases are interleaved
+                     (stack + flatten per dim). No multiply by an inserted zero.
 
 Window sizes, strides, paddings, dilations and groups are taken as plain integers (``int()``
 pins a size symbol to its value: ``capture`` records it in ``fixed_init`` and ``ModelNew``
@@ -109,7 +110,9 @@ def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, strid
 
 def conv_transpose(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
                    padding: Any = 0, output_padding: Any = 0, groups: Any = 1, dilation: Any = 1) -> torch.Tensor:
-    """``F.conv_transposeNd`` as the stride-1 :func:`conv` of the zero-stuffed input."""
+    """``F.conv_transposeNd`` as ``prod(stride)`` stride-1 :func:`conv` s, one per output phase
+    (sub-pixel): output ``o = q s + r`` only meets window taps ``t`` with ``(r + p - t d) % s == 0``,
+    at input ``q + (r + p - t d) / s``; the phases are interleaved back. No zeros are multiplied."""
     nd = weight.dim() - 2
     unbatched = x.dim() == nd + 1
     if unbatched:
@@ -117,23 +120,60 @@ def conv_transpose(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     k = [int(v) for v in weight.shape[2:]]
     s, p = _tuple(stride, nd, "stride"), _tuple(padding, nd, "padding")
     op, d, g = _tuple(output_padding, nd, "output_padding"), _tuple(dilation, nd, "dilation"), int(groups)
-    for i in range(nd):  # (s - 1) zeros after every element, then the trailing ones cut off
-        if s[i] > 1:
-            dim = 2 + i
-            length = x.shape[dim]
-            z = x.unsqueeze(dim + 1)
-            zeros = torch.zeros_like(z).expand(*z.shape[: dim + 1], s[i] - 1, *z.shape[dim + 2:])
-            x = torch.cat([z, zeros], dim=dim + 1).flatten(dim, dim + 1)
-            x = x.narrow(dim, 0, (length - 1) * s[i] + 1)
-    before = [d[i] * (k[i] - 1) - p[i] for i in range(nd)]
-    after = [before[i] + op[i] for i in range(nd)]
-    x = _pad_or_crop(x, before, after)
     cin, cog = weight.shape[0], weight.shape[1]
-    cig = cin // g
-    w = weight.reshape([g, cig, cog, *k]).transpose(1, 2).reshape([g * cog, cig, *k])
-    w = w.flip(list(range(2, 2 + nd)))
-    y = conv(x, w, bias, 1, 0, d, g)
+    co = cog * g
+    # the conv layout [CO, Cin/g, *k], not flipped: each phase flips its own taps
+    w = weight.reshape([g, cin // g, cog, *k]).transpose(1, 2).reshape([co, cin // g, *k])
+    phases = [[_Phase(r, k[i], s[i], p[i], op[i], d[i]) for r in range(s[i])] for i in range(nd)]
+    outs: dict[tuple[int, ...], torch.Tensor] = {}
+    for rs in itertools.product(*(range(si) for si in s)):
+        ph = [phases[i][r] for i, r in enumerate(rs)]
+        lengths = [x.shape[2 + i] + ph[i].extra for i in range(nd)]  # Q_r = L_in + a constant
+        if any(not q.taps for q in ph):
+            outs[rs] = x.new_zeros([x.shape[0], co, *lengths])
+            continue
+        xp = _pad_or_crop(x, [q.before for q in ph], [q.after for q in ph])
+        wp = w
+        for i, q in enumerate(ph):
+            wp = wp[(slice(None),) * (2 + i) + (slice(q.taps[0], q.taps[-1] + 1, q.tap_step),)]
+        wp = wp.flip(list(range(2, 2 + nd)))
+        outs[rs] = conv(xp, wp, None, 1, 0, [q.dilation for q in ph], g)
+    for axis in reversed(range(nd)):  # interleave the phases of one dim at a time
+        dim = 2 + axis
+        merged: dict[tuple[int, ...], torch.Tensor] = {}
+        for prefix in sorted({key[:axis] for key in outs}):
+            parts = []
+            for r in range(s[axis]):
+                part = outs[prefix + (r,)]
+                short = phases[axis][0].extra - phases[axis][r].extra  # Q_0 - Q_r: 0 or 1
+                if short:
+                    after = [0] * nd
+                    after[axis] = short
+                    part = _pad_or_crop(part, [0] * nd, after)
+                parts.append(part)
+            y = torch.stack(parts, dim=dim + 1).flatten(dim, dim + 1) if len(parts) > 1 else parts[0]
+            length = (x.shape[dim] - 1) * s[axis] - 2 * p[axis] + d[axis] * (k[axis] - 1) + op[axis] + 1
+            merged[prefix] = y.narrow(dim, 0, length) if len(parts) > 1 else y
+        outs = merged
+    y = outs[()]
+    if bias is not None:
+        y = y + bias.reshape([1, co] + [1] * nd)
     return y.squeeze(0) if unbatched else y
+
+
+class _Phase:
+    """One output phase ``r`` of one dim of a transposed conv (see :func:`conv_transpose`)."""
+
+    def __init__(self, r: int, k: int, s: int, p: int, op: int, d: int) -> None:
+        self.taps = [t for t in range(k) if (r + p - t * d) % s == 0]
+        self.tap_step = s // math.gcd(d, s)
+        self.dilation = d // math.gcd(d, s)
+        # Q_r = ceil((L_out - r) / s) = L_in + extra
+        self.extra = -((-(d * (k - 1) + op + 1 - r - 2 * p - s)) // s)
+        offsets = [(r + p - t * d) // s for t in self.taps]  # input index - q, per tap
+        self.before = -min(offsets) if offsets else 0
+        span = self.dilation * (len(self.taps) - 1) if self.taps else 0
+        self.after = self.extra - self.before + span
 
 
 CONV = {F.conv1d: conv, F.conv2d: conv, F.conv3d: conv, torch.conv1d: conv, torch.conv2d: conv, torch.conv3d: conv,
