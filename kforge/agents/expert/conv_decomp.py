@@ -1,13 +1,13 @@
 """Convolutions as an implicit GEMM the rest of the compiler already knows, during the trace only.
 
 ``F.conv{1,2,3}d`` and ``F.conv_transpose{1,2,3}d`` reach :class:`.capture._GenericSizes`
-and are traced as the same math over ops the IR has (``constant_pad_nd``, strided ``slice``,
-``cat``, ``permute`` / ``view``, ``mm`` / ``bmm``, ``add``), so every convolution arrives as a
+and are traced as the same math over ops the IR has (``unfold``, strided ``slice``, ``cat``
+with zeros for padding, ``permute`` / ``view``, ``mm`` / ``bmm``, ``add``), so every convolution arrives as a
 GEMM whose A operand is an index map over the input (im2col, which the planner materialises
 as the GEMM's prologue) and whose epilogue fuses what follows (bias, activations, norms)::
 
     conv:            out[n, co, o] = sum_{c, k} x_pad[n, g(co) c, o * s + k * d] w[co, c, k]
-                     A = the K = C/g * prod(k) shifted, strided windows of the padded input
+                     A = the padded input unfolded into its K = C/g * prod(k) windows
     conv_transpose:  one stride-1 conv per output phase r (o = q s + r): it meets only the
                      taps t with (r + p - t d) % s == 0, at input q + (r + p - t d) / s, so
                      each phase is a conv with those taps flipped; the phases are interleaved
@@ -82,15 +82,16 @@ def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, strid
     xp = _pad_or_crop(x, before, after)
     n, c = xp.shape[0], xp.shape[1]
     out = [(xp.shape[2 + i] - d[i] * (k[i] - 1) - 1) // s[i] + 1 for i in range(nd)]
-    windows = []
-    for offs in itertools.product(*(range(ki) for ki in k)):
-        w = xp
-        for i, o in enumerate(offs):
-            start = o * d[i]
-            w = w[(slice(None),) * (2 + i) + (slice(start, start + s[i] * (out[i] - 1) + 1, s[i]),)]
-        windows.append(w)
+    # the windows as index maps (unfold: position i, tap j -> element i * s + j), strided by the
+    # dilation: one load per im2col element, not a select among prod(k) shifted copies
+    cols = xp
+    for i in range(nd):
+        cols = cols.unfold(2 + i, d[i] * (k[i] - 1) + 1, s[i])
+        if d[i] > 1:
+            cols = cols[(slice(None),) * (cols.dim() - 1) + (slice(None, None, d[i]),)]
+    # [N, C, *out, *k] -> [N, C, KK, *out]
+    cols = cols.permute(0, 1, *range(2 + nd, 2 + 2 * nd), *range(2, 2 + nd))
     kk = math.prod(k)
-    cols = torch.stack(windows, dim=2) if kk > 1 else windows[0].unsqueeze(2)  # [N, C, KK, *out]
     co = weight.shape[0]
     length = math.prod(out)  # every size spelled out: a -1 would make the trace guard on sizes
     if g == 1:

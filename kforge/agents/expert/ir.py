@@ -9,6 +9,7 @@ symbolic shape (sympy expressions over the size symbols of the capture) and a dt
     view              reshape (row-major), incl. unsqueeze / squeeze / flatten
     permute  dims     broadcast  bdims (input dim j -> output dim bdims[j]; size-1 dims expand)
     slice  dim start step        select  dim index        flip  dims
+    unfold dim size step (windows of dim as a new last dim: a convolution's im2col)
     cat  dim          gather  dim (operands: source, index)  pad  pads value
     reduce   kind (sum prod max min argmax argmin any all), dims, keepdim
     scan     kind (sum prod), dim
@@ -46,7 +47,7 @@ BINARY = ("add", "sub", "mul", "div", "floordiv", "truncdiv", "pow", "maximum", 
 POINTWISE = (*UNARY, *BINARY, "where")
 COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge", "isnan", "logical_not", "logical_and",
                "logical_or", "logical_xor")
-VIEWS = ("view", "permute", "broadcast", "slice", "select", "flip")
+VIEWS = ("view", "permute", "broadcast", "slice", "select", "flip", "unfold")
 ROOTS = ("reduce", "scan", "matmul", "pool")  # always materialised by a kernel of their own
 
 DTYPES = {torch.float32: "f32", torch.int64: "i64", torch.int32: "i32", torch.bool: "bool"}

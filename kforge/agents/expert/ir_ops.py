@@ -219,6 +219,15 @@ def _flip(b: _Builder, fx: torch.fx.Node) -> Node:
     return b.add("flip", [x], shape, dtype, dims=_norm_dims(list(fx.args[1]), len(x.shape)))
 
 
+@handles("unfold")
+def _unfold(b: _Builder, fx: torch.fx.Node) -> Node:
+    """``x.unfold(dim, size, step)``: windows of ``dim`` as a new last dim (a convolution's im2col)."""
+    shape, dtype = b.meta(fx)
+    x = b.tensor(fx.args[0])
+    return b.add("unfold", [x], shape, dtype, dim=fx.args[1] % len(x.shape), size=static_int(fx.args[2], "unfold size"),
+                 step=static_int(fx.args[3], "unfold step"))
+
+
 @handles("cat")
 def _cat(b: _Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)

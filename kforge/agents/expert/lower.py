@@ -392,6 +392,12 @@ class Lowerer:
             sub = list(idx)
             sub[d] = iadd(size(node.attrs["start"]), imul(idx[d], const(node.attrs["step"])))
             return self.value(x, tuple(sub))
+        if op == "unfold":  # window j of position i along dim: element i * step + j
+            (x,) = node.tensors
+            d = node.attrs["dim"]
+            sub = list(idx[:-1])
+            sub[d] = iadd(imul(idx[d], const(node.attrs["step"])), idx[-1])
+            return self.value(x, tuple(sub))
         if op == "select":
             (x,) = node.tensors
             d = node.attrs["dim"]
