@@ -159,3 +159,28 @@ def get_init_inputs():
     cap = capture_problem(source)
     assert cap.fixed_init == {2: 3}
     assert "gemm" in plan_graph(build_graph(cap)).summary()
+
+
+def test_a_depthwise_conv_keeps_its_channels_symbolic() -> None:
+    """``groups=in_channels``: the group count is the channel symbol, not a pinned integer."""
+    source = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, in_channels, kernel_size):
+        super(Model, self).__init__()
+        self.conv = nn.Conv2d(in_channels, in_channels, kernel_size, padding=1, groups=in_channels)
+
+    def forward(self, x):
+        return self.conv(x)
+
+def get_inputs():
+    return [torch.randn(2, 16, 10, 12)]
+
+def get_init_inputs():
+    return [16, 3]
+'''
+    cap = capture_problem(source)
+    assert cap.fixed_init == {1: 3}  # the window only
+    plan_graph(build_graph(cap))

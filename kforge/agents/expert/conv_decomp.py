@@ -38,6 +38,12 @@ def _tuple(value: Any, nd: int, what: str) -> list[int]:
     return [int(v) for v in vals]
 
 
+def _groups(groups: Any) -> Any:
+    """A group count stays a size symbol (a depthwise conv's ``groups=in_channels`` is the
+    channel count: pinning it would pin the channels); the groups are then a batched GEMM."""
+    return groups if isinstance(groups, torch.SymInt) else int(groups)
+
+
 def _pad_or_crop(x: torch.Tensor, before: list[int], after: list[int]) -> torch.Tensor:
     """Zero-pad (or crop, for a negative amount) the trailing ``len(before)`` dims."""
     nd = len(before)
@@ -67,7 +73,7 @@ def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, strid
     if unbatched:
         x = x.unsqueeze(0)
     k = [int(v) for v in weight.shape[2:]]
-    s, d, g = _tuple(stride, nd, "stride"), _tuple(dilation, nd, "dilation"), int(groups)
+    s, d, g = _tuple(stride, nd, "stride"), _tuple(dilation, nd, "dilation"), _groups(groups)
     if isinstance(padding, str):
         if padding == "valid":
             before = after = [0] * nd
@@ -120,7 +126,7 @@ def conv_transpose(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         x = x.unsqueeze(0)
     k = [int(v) for v in weight.shape[2:]]
     s, p = _tuple(stride, nd, "stride"), _tuple(padding, nd, "padding")
-    op, d, g = _tuple(output_padding, nd, "output_padding"), _tuple(dilation, nd, "dilation"), int(groups)
+    op, d, g = _tuple(output_padding, nd, "output_padding"), _tuple(dilation, nd, "dilation"), _groups(groups)
     cin, cog = weight.shape[0], weight.shape[1]
     co = cog * g
     # the conv layout [CO, Cin/g, *k], not flipped: each phase flips its own taps
