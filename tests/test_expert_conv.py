@@ -184,3 +184,56 @@ def get_init_inputs():
     cap = capture_problem(source)
     assert cap.fixed_init == {1: 3}  # the window only
     plan_graph(build_graph(cap))
+
+
+def test_a_shape_tuple_init_input_is_read_back_per_element() -> None:
+    """Sizes that only a tuple init input carries stay symbols; ModelNew reads each element
+    back from its own constructor arguments (``self._kf_init[i][j]``), nothing is pinned."""
+    from kforge.agents.expert.cpu_render import DEFAULT_KNOBS, render_cpu
+
+    source = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, shape):
+        super(Model, self).__init__()
+        self.shape = shape
+
+    def forward(self, x):
+        return torch.softmax(x.reshape(x.shape[0], self.shape[0], self.shape[1]), dim=-1)
+
+def get_inputs():
+    return [torch.randn(4, 32)]
+
+def get_init_inputs():
+    return [(4, 8)]
+'''
+    cap = capture_problem(source)
+    assert cap.fixed_init == {} and sorted(cap.init_sources.values()) == [(0, 0), (0, 1)]
+    candidate = render_cpu(plan_graph(build_graph(cap)), dict(DEFAULT_KNOBS), source)
+    assert "int(self._kf_init[0][0])" in candidate and "int(self._kf_init[0][1])" in candidate
+
+
+def test_a_constant_tensor_in_forward_must_be_a_single_number() -> None:
+    source = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super(Model, self).__init__()
+
+    def forward(self, x):
+        return x * torch.tensor([1.0, 2.0, 3.0, 4.0], device=x.device)
+
+def get_inputs():
+    return [torch.randn(3, 4)]
+
+def get_init_inputs():
+    return []
+'''
+    from kforge.agents.expert.graph import UnsupportedError
+
+    with pytest.raises(UnsupportedError, match="not a single number"):
+        build_graph(capture_problem(source))

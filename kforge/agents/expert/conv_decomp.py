@@ -2,8 +2,8 @@
 
 ``F.conv{1,2,3}d`` and ``F.conv_transpose{1,2,3}d`` reach :class:`.capture._GenericSizes`
 and are traced as the same math over ops the IR has (``unfold``, strided ``slice``, ``cat``
-with zeros for padding, ``permute`` / ``view``, ``mm`` / ``bmm``, ``add``), so every convolution arrives as a
-GEMM whose A operand is an index map over the input (im2col, which the planner materialises
+with zeros for padding, ``permute`` / ``view``, ``mm`` / ``bmm``, ``add``), so every
+convolution arrives as a GEMM whose A operand is an index map over the input (im2col, which the planner materialises
 as the GEMM's prologue) and whose epilogue fuses what follows (bias, activations, norms)::
 
     conv:            out[n, co, o] = sum_{c, k} x_pad[n, g(co) c, o * s + k * d] w[co, c, k]
@@ -13,9 +13,11 @@ as the GEMM's prologue) and whose epilogue fuses what follows (bias, activations
                      each phase is a conv with those taps flipped; the phases are interleaved
                      (stack + flatten per dim). No multiply by an inserted zero.
 
-Window sizes, strides, paddings, dilations and groups are taken as plain integers (``int()``
-pins a size symbol to its value: ``capture`` records it in ``fixed_init`` and ``ModelNew``
-refuses other values); the input's batch and spatial sizes stay symbolic.
+Window sizes, strides, paddings and dilations are taken as plain integers (``int()`` pins a
+size symbol to its value: ``capture`` records it in ``fixed_init`` and ``ModelNew`` refuses
+other values); a group count that is a size symbol stays one (``groups=in_channels``, a
+depthwise conv: the groups are then the batch of a ``bmm``); batch, channels and spatial
+sizes stay symbolic.
 """
 
 from __future__ import annotations
