@@ -8,7 +8,8 @@
 #   verifygpu         issue 15's GPU rows: benchmarks/verify_gpu_check.py, then
 #                     pytest -m gpu tests/verifier/test_gpu_verify.py
 #   gputests          pytest -m gpu for the verifier's and the platforms' GPU rows (4 files at once)
-#   pytest:FILE       pytest -m gpu FILE alone (output kept, -s: what the test prints)
+#   pytest:FILE       pytest -m gpu FILE alone (output kept, -s: what the test prints); with
+#                     KFORGE_SESSION_STOP_ON_FAIL set, a failing FILE ends the call there
 #   baselines         benchmarks/baselines.py --preset full --device cuda for starter, level1, level2
 # Each phase is skipped once done (markers in .h200-state/, which survives while the device
 # machine stays warm, or comes back as a carried folder). SECONDS bounds the whole call; each
@@ -105,7 +106,11 @@ sys.exit(0 if any(r["kind"] == "verify full" and r["candidate"] == "HONEST" and 
       rc=$?
       [ $rc -ne 124 ] && [ $rc -ne 137 ] && touch "$state/$name.done"
       echo "$name exit $rc" | tee -a "$out/session.txt"
-      tail -25 "$out/$name.txt" ;;
+      tail -25 "$out/$name.txt"
+      if [ $rc -ne 0 ] && [ -n "${KFORGE_SESSION_STOP_ON_FAIL:-}" ]; then
+        echo "$name failed: the phases after it are not run (KFORGE_SESSION_STOP_ON_FAIL)" | tee -a "$out/session.txt"
+        break
+      fi ;;
     baselines)
       for suite in starter level1 level2; do
         [ -f "$state/baselines_$suite.done" ] && continue

@@ -21,12 +21,12 @@ GEMM = problem(LINEAR, "return torch.sigmoid(self.linear(x)) * 1.5", "[torch.ran
 BATCHNORM = problem("self.bn = nn.BatchNorm1d(args[0])", "return torch.tanh(self.bn(x))", "[torch.randn(8, 16)]", "[16]")
 
 
-def test_the_knob_starts_off_and_renders_a_replaying_forward_when_on() -> None:
+def test_the_knob_starts_on_and_renders_a_replaying_forward() -> None:
     prog = plan_problem(GEMM)
     knobs = default_knobs(prog, "relaxed")
-    assert [kv.get("cuda_graph") for kv in knobs.values()] == [0]  # off until a profile asks
-    assert "_kf_graphed" not in render_triton(prog, knobs, "relaxed", GEMM)
-    knobs = {name: {**kv, "cuda_graph": 1} for name, kv in knobs.items()}
+    assert [kv.get("cuda_graph") for kv in knobs.values()] == [1]  # on from round 0
+    off = {name: {**kv, "cuda_graph": 0} for name, kv in knobs.items()}
+    assert "_kf_graphed" not in render_triton(prog, off, "relaxed", GEMM)
     src = render_triton(prog, knobs, "relaxed", GEMM)
     assert "def forward(self, *args):\n        return _kf_graphed(self, self._kf_forward, args)" in src
     assert src.count("def _kf_forward(self, x0):") == 1
@@ -81,9 +81,9 @@ def test_the_analysis_asks_for_the_graph_when_the_gpu_idles_between_launches() -
     advice = _advice(idle, graph_knob=0)
     assert advice.bottleneck == "launch" and advice.actions[0].params == {"cuda_graph": 1}
     assert advice.evidence["host_gap_ms"] == pytest.approx(0.318, abs=1e-3)
-    # already on, or not graphable (no knob): no such advice
-    assert all(a.params != {"cuda_graph": 1} for a in _advice(idle, graph_knob=1).actions)
+    # not graphable (no knob): no such advice
     assert all(a.params != {"cuda_graph": 1} for a in _advice(idle, graph_knob=None).actions)
+    assert all(a.kind != "graph" for a in _advice(idle, graph_knob=None).actions)
     # a busy GPU (kernels fill the call): nothing about launches
     busy = _advice(_profile(0.31, [193.0, 54.0, 54.0]), graph_knob=0)
     assert busy.bottleneck != "launch"
@@ -95,3 +95,13 @@ def test_the_graph_action_reaches_the_next_rounds_knobs() -> None:
     knobs = default_knobs(plan_problem(GEMM), "relaxed")
     (name, kv), = knobs.items()
     assert apply_params(kv, {"cuda_graph": 1})["cuda_graph"] == 1
+
+
+def test_a_graph_that_leaves_the_gpu_idle_is_turned_off() -> None:
+    # the knob is on and the call still idles as it did without it: the calls came on buffers
+    # no graph was captured for, so the analysis turns the knob off (the eager path is lighter)
+    idle = _advice(_profile(0.619, [193.0, 54.0, 54.0]), graph_knob=1)
+    assert idle.bottleneck == "launch" and idle.actions[0].params == {"cuda_graph": 0}
+    # replayed (kernels fill the call): the knob stays, the advice is about the kernels
+    replayed = _advice(_profile(0.31, [193.0, 54.0, 54.0]), graph_knob=1)
+    assert all(a.kind != "graph" for a in replayed.actions)

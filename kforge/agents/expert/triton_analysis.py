@@ -269,7 +269,8 @@ def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommenda
     gap = host_gap_ms(profile)
     if gap is not None:
         evidence["host_gap_ms"] = gap
-        if plan.get("cuda_graph") == 0 and gap > max(HOST_GAP_MIN_MS, HOST_GAP_SHARE * ms):
+        idle = gap > max(HOST_GAP_MIN_MS, HOST_GAP_SHARE * ms)
+        if plan.get("cuda_graph") == 0 and idle:
             return Recommendation(
                 bottleneck="launch",
                 evidence=evidence,
@@ -277,6 +278,16 @@ def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommenda
                                 rationale=f"the GPU is idle {gap * 1000:.0f} us of a {ms * 1000:.0f} us call "
                                           "(Python launches, allocations): replay the launches from a CUDA graph")],
                 summary="host-side launch overhead leaves the GPU idle",
+            )
+        if plan.get("cuda_graph") == 1 and idle:  # a replay leaves no such gap: the graph is not replayed here
+            return Recommendation(
+                bottleneck="launch",
+                evidence=evidence,
+                actions=[Action(kind="graph", params={"cuda_graph": 0}, expected_gain=1.0 + HOST_GAP_MIN_MS / ms,
+                                rationale=f"the GPU is idle {gap * 1000:.0f} us of a {ms * 1000:.0f} us call with the "
+                                          "graph knob on: the calls come on buffers the graphs were not captured "
+                                          "for, so each runs eagerly plus the graph's bookkeeping; turn it off")],
+                summary="the CUDA graph is not replayed: the host side still leaves the GPU idle",
             )
     if ms < LAUNCH_BOUND_MS:
         return Recommendation(

@@ -10,6 +10,13 @@ second time, and from then on replays it: every kernel runs again on every call 
 reads the buffers' current contents; nothing is cached but the launch sequence), and the
 result is copied out of the graph's memory so each call returns a tensor of its own.
 
+The knob is on from round 0 wherever the program can be captured (:func:`graphable`): that
+gap was on every row of the H200 run above and cost more than any tile choice. The analysis
+turns it off when a profile taken with it on still shows the GPU idle (the calls came on
+buffers no graph was captured for, so the graph never replayed); it turns it on after a round
+that had it off and shows the gap. A graph holds its own temporaries (up to
+``_KF_GRAPHS_MAX`` buffer sets per module), the price of the replay.
+
 Where it does not apply the eager path runs: the Triton interpreter or no CUDA device, a
 capture already under way (the caller's own graph), inputs that require grad. Programs that
 write module state (BatchNorm's running statistics) or take a Python scalar as an input (its

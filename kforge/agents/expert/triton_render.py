@@ -278,12 +278,12 @@ def default_knobs(program: Program, policy: str) -> dict[str, dict[str, Any]]:
             knobs[k.name] = {"BLOCK_S": min(next_pow2(program.hint(k.length)), 1024), "num_warps": 4}
         elif isinstance(k, GemmKernel):
             knobs[k.name] = default_gemm_knobs(program, k, policy)
-    if graphable(program):  # off until a profile shows the host side costing (triton_analysis.py)
+    if graphable(program):  # on: see triton_graph.py for the measurement behind the default
         from kforge.agents.expert.compiler import dominant
 
         name = dominant(program)
         if name is not None:
-            knobs[name]["cuda_graph"] = 0
+            knobs[name]["cuda_graph"] = 1
     return knobs
 
 
