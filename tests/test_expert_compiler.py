@@ -214,6 +214,30 @@ def test_in_place_ops_that_would_show_through_a_view_or_on_an_input_are_refused(
         plan_problem(on_input)
 
 
+def test_in_place_ops_on_a_view_nobody_reads_afterwards_and_copy_into_a_computed_tensor(tmp_path: Path):
+    # EfficientNet / MobileNet: nn.ReLU6(inplace=True) decomposes into t.copy_(clamp(t)), and an
+    # in-place ReLU on a conv output (a view of the GEMM result, which nothing reads after it)
+    src = problem(LINEAR + "\nself.act = nn.ReLU6(inplace=True)",
+                  "y = self.linear(x).view(-1, 4, 6)\nF.relu(y, inplace=True)\nz = self.act(y + 0.5)\n"
+                  "return z.flatten(1) + y.sum(dim=2).repeat(1, 6)",
+                  "[torch.randn(8, 32)]", "[32, 24]")
+    _run_triton(src, tmp_path, [(8, 32), (13, 32)], [32, 24])
+    # the base read after the update through its view: the update would show through
+    base_read = problem(LINEAR, "x = self.linear(x)\ny = x.view(-1)\ny.relu_()\nreturn x * 2.0",
+                        "[torch.randn(8, 32)]", "[32, 24]")
+    with pytest.raises(UnsupportedError, match="shares storage"):
+        plan_problem(base_read)
+    # a second view of the same base, read after the update through the first one
+    sibling = problem(LINEAR, "x = self.linear(x)\na = x.view(-1)\nb = x.t()\na.mul_(3.0)\nreturn b + 1.0",
+                      "[torch.randn(8, 32)]", "[32, 24]")
+    with pytest.raises(UnsupportedError, match="shares storage"):
+        plan_problem(sibling)
+    # a view of an input updated in place
+    input_view = problem("", "y = x.view(-1)\ny.relu_()\nreturn y * 2.0", "[torch.randn(8, 32)]")
+    with pytest.raises(UnsupportedError, match="in-place"):
+        plan_problem(input_view)
+
+
 def test_split_and_chunk_pieces_are_slices(tmp_path: Path):
     # x.chunk / torch.split (an LSTM's gates): each piece a slice of the GEMM's output
     src = problem("self.linear = nn.Linear(args[0], 3 * args[1])",
@@ -230,3 +254,59 @@ def test_cumprod_carries_its_prefix_across_chunks(tmp_path: Path):
     src = problem("", "return torch.cumprod(1.0 + 0.01 * x, dim=1)", "[torch.randn(3, 1500)]")
     assert kinds(src) == ["scan"]
     _run_triton(src, tmp_path, [(3, 1500), (2, 2100)], [])
+
+
+HELPERS = HEAD + '''def scaled_gelu(t):
+    return F.gelu(t) * 0.5
+
+
+class Block(nn.Module):
+    def __init__(self, a, b):
+        super(Block, self).__init__()
+        self.linear = nn.Linear(a, b)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x))
+
+
+def make_blocks(a, b):
+    return nn.Sequential(Block(a, b), Block(b, b))
+
+
+class Model(nn.Module):
+    def __init__(self, a, b):
+        super(Model, self).__init__()
+        self.blocks = self._make_layer(a, b)
+
+    def _make_layer(self, a, b):
+        return make_blocks(a, b)
+
+    def forward(self, x):
+        return scaled_gelu(self.blocks(x))
+
+
+def get_inputs():
+    return [torch.randn(8, 32)]
+
+
+def get_init_inputs():
+    return [32, 24]
+'''
+
+
+def test_the_modules_and_helpers_init_builds_with_come_along(tmp_path: Path):
+    # KernelBench's CNNs (ResNet's BasicBlock, EfficientNet's _make_mbconv_block): ModelNew's
+    # copy of __init__ needs the classes and functions it reaches; their forward methods and
+    # what only forward uses stay behind (the kernels compute)
+    from kforge.agents.expert.candidate import reference_support
+    from kforge.verifier.checks import static_check
+
+    support, methods = reference_support(HELPERS)
+    assert "class Block(nn.Module)" in support and "def make_blocks" in support
+    assert "def forward" not in support and "scaled_gelu" not in support
+    assert "def _make_layer(self, a, b)" in methods
+    _run_triton(HELPERS, tmp_path, [(8, 32), (5, 32)], [32, 24])
+    from kforge.agents.expert.triton_render import default_knobs, render_triton
+    prog = plan_problem(HELPERS)
+    assert static_check(render_triton(prog, default_knobs(prog, "strict"), "strict", HELPERS), HELPERS,
+                        platform="triton") == []

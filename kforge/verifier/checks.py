@@ -115,7 +115,8 @@ def _is_jit(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
 class _Scan(ast.NodeVisitor):
     """Torch calls (name, line) outside Triton kernels, plus everything the rules look at."""
 
-    def __init__(self) -> None:
+    def __init__(self, candidate: bool = True) -> None:
+        self.candidate = candidate  # False: scanning the reference, whose layers are its compute
         self.torch_calls: list[tuple[str, int]] = []
         self.method_calls: list[tuple[str, int]] = []
         self.in_jit = 0
@@ -140,9 +141,17 @@ class _Scan(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         name = _dotted(node.func)
-        # Building a layer in __init__ (nn.Linear(...)) only holds parameters under the
-        # reference's state_dict names; calling it in forward is what counts.
-        constructs_layer = self.functions[-1:] == ["__init__"] and name[-1:] != [] and name[-1][:1].isupper()
+        # A candidate building a layer outside forward (nn.Linear(...) in __init__ or in a
+        # helper that __init__ calls, as KernelBench's CNNs do) only holds parameters under the
+        # reference's state_dict names, and nn.init.* only fills them; calling a layer in
+        # forward is what counts (a module run in forward shows in the dynamic check of the
+        # aten ops it ran). The reference's layers built outside __init__ name its compute.
+        if self.candidate:
+            outside_forward = bool(self.functions) and "forward" not in self.functions
+            constructs_layer = outside_forward and name[-1:] != [] and (
+                name[-1][:1].isupper() or name[-2:-1] == ["init"])
+        else:
+            constructs_layer = self.functions[-1:] == ["__init__"] and name[-1:] != [] and name[-1][:1].isupper()
         if name and not self.in_jit and not constructs_layer:
             if name[0] in TORCH_ROOTS and len(name) > 1:
                 self.torch_calls.append((name[-1], node.lineno))
@@ -162,7 +171,7 @@ class _Scan(ast.NodeVisitor):
 
 def _reference_ops(problem_source: str) -> tuple[set[str], set[str]]:
     """(compute classes, torch op names) the reference's code calls."""
-    scan = _Scan()
+    scan = _Scan(candidate=False)
     try:
         scan.visit(ast.parse(problem_source))
     except SyntaxError:

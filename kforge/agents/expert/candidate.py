@@ -103,6 +103,44 @@ def reference_init(problem_source: str, fixed_init: dict[int, Any] | None = None
     return imports, "def __init__(self, *args, **kwargs):\n    super().__init__()\n"
 
 
+def reference_support(problem_source: str) -> tuple[str, str]:
+    """What the reference's ``__init__`` builds with, copied so ``ModelNew``'s copy of it runs:
+    (the module's classes and functions that ``__init__`` reaches, by name, through
+    each other, ``forward`` methods left out: here they only hold submodules, the kernels
+    compute; ``Model``'s own methods other than ``__init__`` and ``forward``, such as
+    KernelBench's ``_make_layer`` helpers, and its class attributes such as ResNet's
+    ``expansion``, indented for the class)."""
+    tree = ast.parse(problem_source)
+    defs: dict[str, ast.ClassDef | ast.FunctionDef] = {}
+    model: ast.ClassDef | None = None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "Model":
+            model = node
+        elif isinstance(node, ast.ClassDef | ast.FunctionDef) and node.name not in ("get_inputs", "get_init_inputs"):
+            defs[node.name] = node
+    if model is None:
+        return "", ""
+    for cls in [d for d in defs.values() if isinstance(d, ast.ClassDef)]:
+        cls.body = [item for item in cls.body
+                    if not (isinstance(item, ast.FunctionDef) and item.name == "forward")] or [ast.Pass()]
+    methods = [item for item in model.body if isinstance(item, ast.FunctionDef) and item.name != "forward"]
+
+    def names(node: ast.AST) -> set[str]:
+        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+    wanted: set[str] = set()
+    todo = set().union(*(names(m) for m in methods)) if methods else set()
+    while todo:
+        name = todo.pop()
+        if name in defs and name not in wanted:
+            wanted.add(name)
+            todo |= names(defs[name])
+    support = "".join(f"{ast.unparse(d)}\n\n\n" for n, d in defs.items() if n in wanted)  # source order
+    extra: list[ast.stmt] = [m for m in methods if m.name != "__init__"]
+    extra += [item for item in model.body if isinstance(item, ast.Assign | ast.AnnAssign)]  # expansion = 4
+    return support, "".join("\n" + textwrap.indent(ast.unparse(m), "    ") + "\n" for m in extra)
+
+
 STATE_HELPER = '''def _state(module, name):
     """A parameter or buffer of ``module`` by its dotted state_dict name, contiguous."""
     owner, _, leaf = name.rpartition(".")
@@ -165,4 +203,6 @@ def model_new_source(program: Program, problem_source: str, launch: Callable[[Ke
     arg_names = [f"x{i}" for i in range(len(program.inputs))]
     head = f"    def forward(self, {', '.join(arg_names)}):\n        {device_line}\n"
     body = forward_source(program, arg_names, launch, bind)
-    return imports, "class ModelNew(nn.Module):\n" + textwrap.indent(init, "    ") + "\n" + head + body + "\n"
+    support, methods = reference_support(problem_source)
+    return imports, (support + "class ModelNew(nn.Module):\n" + textwrap.indent(init, "    ") + methods
+                     + "\n" + head + body + "\n")

@@ -136,6 +136,22 @@ def _view(b: _Builder, fx: torch.fx.Node) -> Node:
     return b.add("view", [x], shape, dtype)
 
 
+@handles("repeat")
+def _repeat(b: _Builder, fx: torch.fx.Node) -> Node:
+    """``x.repeat(r0, r1, ...)`` as index maps, no copy: x viewed as ``[1, s0, 1, s1, ...]``
+    (leading ones where the repeats outnumber x's dims), broadcast to ``[r0, s0, r1, s1, ...]``,
+    viewed as ``[r0 * s0, r1 * s1, ...]``: element i of a dim reads ``i % s``."""
+    shape, dtype = b.meta(fx)
+    x = b.tensor(fx.args[0])
+    reps = [b.cap.size_expr(r) for r in fx.args[1]]
+    sizes = [sympy.Integer(1)] * (len(reps) - len(x.shape)) + list(x.shape)
+    split = [v for s in sizes for v in (sympy.Integer(1), s)]
+    tiled = [v for r, s in zip(reps, sizes, strict=True) for v in (r, s)]
+    view = b.add("view", [x], split, dtype)
+    wide = b.add("broadcast", [view], tiled, dtype, bdims=list(range(len(tiled))))
+    return b.add("view", [wide], shape, dtype)
+
+
 @handles("permute", "t", "transpose", "permute_copy")
 def _permute(b: _Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
@@ -413,7 +429,7 @@ def _inplace(b: _Builder, fx: torch.fx.Node) -> Node:
     if dst.op != "param":
         if name in ("add_", "mul_"):
             return inplace_on_computed(b, fx, HANDLERS["add" if name == "add_" else "mul"])
-        raise UnsupportedError(f"in-place {name} on a computed tensor")
+        return inplace_on_computed(b, fx, _copied_value)  # copy_: what an in-place op decomposes into
     if name == "copy_":
         value = b.tensor(fx.args[1])
         if value.dtype != dst.dtype or value.shape != dst.shape:
@@ -423,6 +439,18 @@ def _inplace(b: _Builder, fx: torch.fx.Node) -> Node:
         other = b.operand(fx.args[1], dst.dtype)
         value = b.add("add" if name == "add_" else "mul", [dst, other], dst.shape, dst.dtype)
     b.mutations = [(d, v) for d, v in b.mutations if d is not dst] + [(dst, value)]
+    return value
+
+
+def _copied_value(b: _Builder, fx: Any) -> Node:
+    """``dst.copy_(src)`` seen out of place: ``src`` cast and broadcast to ``dst``'s shape and
+    dtype (the core ATen decompositions write ``hardtanh_(t)`` as ``t.copy_(clamp(t))``)."""
+    dst, value = b.tensor(fx.args[0]), b.tensor(fx.args[1])
+    if value.dtype != dst.dtype:
+        value = b.add("cast", [value], value.shape, dst.dtype)
+    if value.shape != dst.shape:
+        value = b.add("broadcast", [value], dst.shape, dst.dtype,
+                      bdims=list(range(len(dst.shape) - len(value.shape), len(dst.shape))))
     return value
 
 
@@ -451,18 +479,41 @@ def _op_name(node: Any) -> str:
     return str(getattr(packet, "__name__", ""))
 
 
+def _aliased_reader_after(dst: torch.fx.Node, update: torch.fx.Node) -> bool:
+    """Does a tensor sharing ``dst``'s storage (its view chain's base and every view taken from
+    that base, ``dst`` itself excepted) have a reader after ``update`` in the graph, or is
+    the base a placeholder (an input or parameter)?"""
+    base = dst
+    while _op_name(base) in VIEW_OPS and base.args and isinstance(base.args[0], torch.fx.Node):
+        base = base.args[0]
+    if base.op == "placeholder":
+        return True
+    order = {n: i for i, n in enumerate(dst.graph.nodes)}
+    after = order[update]
+    group, todo = {base}, [base]
+    while todo:
+        for user in todo.pop().users:
+            if _op_name(user) in VIEW_OPS and user not in group:
+                group.add(user)
+                todo.append(user)
+    return any(order[user] > after for node in group if node is not dst  # views are in the group:
+               for user in node.users if user is not update and user not in group)  # their readers count
+
+
 def inplace_on_computed(b: _Builder, fx: torch.fx.Node, handler: Handler) -> Node:
     """``relu_(t)``, ``t.add_(u)``... on a tensor the forward computed (not an input, not a
     parameter): the new value replaces ``t`` for every later use, as functionalisation would.
-    Refused where ``t`` shares storage with another tensor that is read (a view, or one
-    taken from it), since the update would show through that one too; the unread ``alias``
-    that ``nn.ReLU(inplace=True)`` leaves in the trace is no such reader."""
+    Refused where ``t`` shares storage with another tensor (the tensor it is a view of, or
+    another view of that) that is read after the update, since the update would show through
+    that one too (:func:`_aliased_reader_after`); a view nobody reads afterwards (the unread
+    ``alias`` that ``nn.ReLU(inplace=True)`` leaves in the trace, the GEMM result a conv output
+    is a view of) is no such reader."""
     dst_fx = fx.args[0]
     dst = b.tensor(dst_fx)
     name = _op_name(fx)
     if dst.op in ("input", "param") or not isinstance(dst_fx, torch.fx.Node):
         raise UnsupportedError(f"in-place {name} on a forward input")
-    if _op_name(dst_fx) in VIEW_OPS or any(_op_name(u) in VIEW_OPS and u.users for u in dst_fx.users):
+    if _aliased_reader_after(dst_fx, fx):
         raise UnsupportedError(f"in-place {name} on a computed tensor that shares storage")
     shape, dtype = b.meta(fx)
     if tuple(b.cap.size_expr(s) for s in shape) != dst.shape or dtype != dst.dtype:
