@@ -234,7 +234,7 @@ class _Builder:
                 name = getattr(packet, "__name__", str(fx.target))
                 handler = HANDLERS.get(name) if "prims" not in key else HANDLERS.get(f"prims.{name}")
                 if handler is None and name.endswith("_") and name[:-1] in HANDLERS:
-                    from kforge.agents.expert.ir_ops import inplace_on_computed
+                    from kforge.agents.expert.ir_inplace import inplace_on_computed
 
                     self.env[fx.name] = inplace_on_computed(self, fx, HANDLERS[name[:-1]])
                     continue
