@@ -272,11 +272,12 @@ def run_profile(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> No
         time_alternating,
         unbatched_clock,
     )
-    from kforge.verifier.worker import build_models
+    from kforge.verifier.worker import Phases, build_models
 
     device = job["device"]
     pin = pin_cpu(job.get("threads")) if device == "cpu" else {}
     seed = job["model_seed"]
+    phases = Phases()
     try:
         problem = load_case_problem(Path(job["problem_path"]), job["preset"], job.get("sizes"))
         with torch.no_grad():
@@ -284,27 +285,37 @@ def run_profile(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> No
                                             device, job["reps"], job.get("tol"))
     except Exception as exc:  # noqa: BLE001 - the problem's own code failed: not the candidate's
         fail("harness_error", exc)
+    phases.mark("prepare")
+    extra: dict[str, Any] = {"pin": pin, "checked": checked.note or "checked", "input_sets": checked.plan.capacity}
+    # torch.compile's baseline is compiled and warmed before any candidate code runs, on a
+    # reference of its own: what the candidate does at import cannot reach the compiled graph
+    # or the kernels inductor loads for it.
+    compiled = None
+    if job.get("baselines") and not job.get("compile_baseline", True):
+        extra["compile_skipped"] = True
+    elif job.get("baselines"):
+        try:
+            compiled = torch.compile(build_models(problem, None, seed, device)[0])
+            with torch.no_grad():
+                compiled(*checked.plan.buffers[0])
+        except Exception as exc:  # noqa: BLE001 - recorded: the eager baseline still stands
+            compiled = None
+            extra["compile_error"] = f"{type(exc).__name__}: {exc}"[:500]
+        phases.mark("compile_baseline")
     clock = worker_clock(os.environ)  # GPU: untested on a GPU
+    extra["parent_clock"] = clock is not None
     module, integrity, _ = _import_candidate(job, fail, finish)
+    phases.mark("import_candidate")
     try:
         ref, new = build_models(problem, module.ModelNew, seed, device)
     except Exception as exc:  # noqa: BLE001
         fail("crashed", exc)
+    phases.mark("build_models")
     fns: dict[str, Callable[..., Any]] = {"candidate": new}
-    extra: dict[str, Any] = {"pin": pin, "checked": checked.note or "checked",
-                             "parent_clock": clock is not None, "input_sets": checked.plan.capacity}
-    if job.get("baselines") and not job.get("compile_baseline", True):
+    if job.get("baselines"):
         fns["eager"] = ref
-        extra["compile_skipped"] = True
-    elif job.get("baselines"):
-        fns["eager"] = ref
-        try:
-            compiled = torch.compile(ref)
-            with torch.no_grad():
-                compiled(*checked.plan.buffers[0])
-            fns["compiled"] = compiled
-        except Exception as exc:  # noqa: BLE001 - recorded: the eager baseline still stands
-            extra["compile_error"] = f"{type(exc).__name__}: {exc}"[:500]
+    if compiled is not None:
+        fns["compiled"] = compiled
     batch_ns = job.get("batch_ns")
     if clock is None:  # in-process (benchmarks/verify_cpu_clock.py): the same batches, or none
         clock = unbatched_clock if batch_ns == 0 else host_clock
@@ -316,9 +327,12 @@ def run_profile(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> No
         with torch.no_grad():
             samples = time_alternating(fns, device=device, warmup=job["warmup"], reps=job["reps"],
                                        plan=checked.plan, clock=clock, observe=checked.observe, batches=batches)
+            phases.mark("timing")
             stale = checked.verdict(module.ModelNew, new,
                                     lambda cls: build_models(problem, cls, seed, device)[1])
+            phases.mark("stale_checks")
             kernels = _kernel_table(lambda: new(*checked.plan.load(0, 0)), device)
+            phases.mark("kernel_table")
     except Exception as exc:  # noqa: BLE001
         fail("crashed", exc)
     moved = integrity.changed()
@@ -334,6 +348,7 @@ def run_profile(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> No
         flops, min_bytes = 0.0, 0.0
         extra["cost_error"] = f"{type(exc).__name__}: {exc}"[:300]
     extra["batch"] = batches  # calls per clocked handshake, per callable
+    extra["phase_s"] = phases.seconds  # where the job's time went (process start, torch import, ...)
     send({
         "kind": "profile", "timings": {k: s.timing().model_dump() for k, s in samples.items()},
         "host_gap": {k: s.host_gap() for k, s in samples.items()}, "kernels": kernels,

@@ -26,6 +26,37 @@ NONCE: bytes = b""
 RESULT_FD = -1
 
 
+def process_age_s() -> float | None:
+    """Seconds since this process started (``/proc``; None elsewhere)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class Phases:
+    """Where a job's seconds went, phase by phase: ``mark(name)`` closes the phase that ran
+    since the previous mark; ``startup`` is the process's start (interpreter, torch, CUDA
+    libraries) up to the first phase."""
+
+    def __init__(self) -> None:
+        import time
+
+        self._clock = time.perf_counter
+        self._last = self._clock()
+        age = process_age_s()
+        self.seconds: dict[str, float] = {}
+        if age is not None:
+            self.seconds["startup"] = round(age, 3)
+
+    def mark(self, name: str) -> None:
+        now = self._clock()
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._last, 3)
+        self._last = now
+
+
 def open_channel(fd: int, nonce: bytes) -> tuple[Any, Any, Any]:
     """``send``, ``finish`` and ``fail`` bound to the result pipe, made before any candidate code
     runs. They reach each other and the frame encoder through closure cells, not module
