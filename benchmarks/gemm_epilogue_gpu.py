@@ -34,13 +34,21 @@ sys.path.insert(0, str(ROOT))
 
 TOL = {"strict": 1e-4, "relaxed": 1e-2}
 PEAK_TFLOPS = {"bf16": 989.0, "tf32": 494.0, "ieee": 67.0}
-# (precision, precast, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
+# (precision, precast, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); precast 0: both
+# operands converted in the K loop, 1: both precast, 2: A precast, B (the weight) rounded in
+# registers with the tile computed transposed (the ``b_regs`` knob)
 PLANS: list[tuple[str, int, int, int, int, int, int]] = [
     ("bf16", 1, 128, 256, 64, 8, 4),
     ("bf16", 1, 128, 256, 64, 8, 3),
     ("bf16", 1, 256, 128, 64, 8, 3),
     ("bf16", 1, 128, 128, 64, 4, 4),
     ("bf16", 0, 128, 256, 64, 8, 3),
+    ("bf16", 2, 128, 128, 64, 8, 3),
+    ("bf16", 2, 256, 128, 64, 8, 3),
+    ("bf16", 2, 128, 256, 64, 8, 3),
+    ("bf16", 2, 128, 128, 64, 4, 4),
+    ("bf16x2", 2, 128, 256, 64, 8, 3),
+    ("bf16x3", 2, 128, 128, 32, 8, 3),
     ("bf16x2", 1, 128, 256, 64, 8, 3),
     ("bf16x2", 1, 128, 256, 32, 8, 4),
     ("bf16x3", 1, 128, 256, 32, 8, 3),
@@ -79,7 +87,8 @@ def render(path: Path, plan: tuple[str, int, int, int, int, int, int], policy: s
     knobs = default_knobs(program, policy)
     for name, kv in knobs.items():
         if "precision" in kv:
-            knobs[name] = check_knobs({**kv, "precision": precision, "precast": precast, "BLOCK_M": bm,
+            knobs[name] = check_knobs({**kv, "precision": precision, "precast": min(precast, 1),
+                                       "b_regs": int(precast == 2), "BLOCK_M": bm,
                                        "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps,
                                        "num_stages": stages}, policy)
     return render_triton(program, knobs, policy, source)
@@ -231,7 +240,7 @@ def table(path: Path) -> str:
             b = min(ok, key=lambda e: e["ms"]) if ok else None
             x = b["speedup"] if b else None
             gm[policy].append(max(x or 1.0, 1.0))
-            cells += [f"{_f(b['ms'])} ({b['precision']}{'+pre' if b['precast'] else ''} {b['tiles']})" if b else "none", _f(x, ".2f")]
+            cells += [f"{_f(b['ms'])} ({b['precision']}{('', '+pre', '+regs')[b['precast']]} {b['tiles']})" if b else "none", _f(x, ".2f")]
         summary.append(f"| {r['problem']} | {_f(r['eager_ms'])} | {_f(r['compile_ms'])} | " + " | ".join(cells) + " |")
     import math
 

@@ -69,7 +69,8 @@ def _gemm_actions(
         actions.append(
             Action(
                 kind="precision",
-                params={"precision": "bf16", "precast": 1, "BLOCK_K": 64, "BLOCK_N": 256},
+                params={"precision": "bf16", "precast": 1, "b_regs": 1, "BLOCK_M": 256, "BLOCK_N": 128,
+                        "BLOCK_K": 64, "num_stages": 3},
                 expected_gain=PEAK_GFLOPS["bf16"] / PEAK_GFLOPS[precision] * 0.6,
                 rationale="relaxed policy allows bf16 operands with fp32 accumulation: 2x the TF32 "
                 "tensor rate; if verification then fails on accuracy, use bf16x3 (hi/lo split, ~1e-5)",
@@ -244,8 +245,8 @@ def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommenda
     if baseline:
         evidence["speedup"] = baseline / ms
     planned = plan.get("kernels")
-    if isinstance(planned, list) and planned:  # the compiler's plan: its kernels, plus two precasts per bf16 GEMM
-        precasts = sum(2 for kv in (plan.get("knobs") or {}).values()
+    if isinstance(planned, list) and planned:  # the compiler's plan: its kernels, plus the bf16 GEMMs' precasts
+        precasts = sum(1 if kv.get("b_regs") else 2 for kv in (plan.get("knobs") or {}).values()
                        if isinstance(kv, dict) and kv.get("precast") and str(kv.get("precision", "")).startswith("bf16"))
         expected_kernels = len(planned) + precasts
     else:

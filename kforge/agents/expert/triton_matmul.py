@@ -20,6 +20,10 @@ its contiguous dimension, so the K loop streams half the bytes and feeds the ten
 straight from shared memory (without it the K loop loads fp32 and converts every tile in
 registers); on the fp32 steps it copies an operand whose K is not its contiguous dimension into a
 K-major one (TF32 tensor-core operands must be K-major; a transposed tile costs 1.5-4x).
+The ``b_regs`` knob (the bf16 step's default) precasts A only: B is loaded as fp32 and rounded in
+registers, and the tile is computed transposed (``acc`` is [BLOCK_N, BLOCK_M], B's tile is
+``tl.dot``'s first operand) so the converted operand feeds the tensor cores from registers; the
+weight then costs no pass of its own per call.
 
 The CPU interpreter's bf16 ``tl.dot`` is wrong (Triton 3.9), so under ``TRITON_INTERPRET=1``
 bf16 products are computed as fp32 products of the bf16-rounded operands: the same
@@ -56,10 +60,11 @@ def allowed_precisions(policy: str) -> tuple[str, ...]:
     raise PlanError(f"unknown precision policy {policy!r}: 'strict' or 'relaxed'")
 
 
-# Tiles per precision step, from H200 sweeps of 1024 x 8192 x 8192 GEMMs + epilogue
-# (benchmarks/results/gemm_epilogue_h200.md): (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages).
+# Tiles per precision step, from H200 / H100 sweeps of 1024 x 8192 x 8192 GEMMs + epilogue
+# (benchmarks/results/gemm_epilogue_h200.md, gemm_ladder_h100_bregs.md):
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages).
 STEP_TILES: dict[str, tuple[int, int, int, int, int]] = {
-    "bf16": (128, 256, 64, 8, 4),
+    "bf16": (256, 128, 64, 8, 3),
     "bf16x2": (128, 256, 64, 8, 3),
     "bf16x3": (128, 256, 32, 8, 3),
     "tf32": (128, 256, 32, 8, 3),
@@ -68,11 +73,18 @@ STEP_TILES: dict[str, tuple[int, int, int, int, int]] = {
 }
 
 
+# Steps whose B operand (the weight) is rounded in registers rather than precast (``b_regs``):
+# on the H100, bf16 with b_regs at 256x128x64 ran 0.34 ms against 0.375 ms for the best precast
+# plan, 1024 x 8192 x 8192 (the weight's per-call pass is gone); bf16x2 / bf16x3 lost with it
+# (twice the in-register splitting per tile).
+STEP_B_REGS = {"bf16": 1}
+
+
 def step_knobs(knobs: dict[str, Any], precision: str, m: int, n: int) -> dict[str, Any]:
     """``knobs`` moved to ``precision`` with that step's tiles (a new step is a new kernel)."""
     bm, bn, bk, warps, stages = STEP_TILES[precision]
     out = {**knobs, "precision": precision, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-           "num_warps": warps, "num_stages": stages, "precast": 1}
+           "num_warps": warps, "num_stages": stages, "precast": 1, "b_regs": STEP_B_REGS.get(precision, 0)}
     if m <= 64 or n <= 64:  # skinny: smaller tiles keep more programs busy
         out.update(BLOCK_M=64 if m > 64 else 32, BLOCK_N=64 if n > 64 else 32, num_warps=4)
     return fit_shared_memory(out)
@@ -92,6 +104,9 @@ def check_knobs(knobs: dict[str, Any], policy: str) -> dict[str, Any]:
         v = knobs[key]
         if not isinstance(v, int) or v < 16 or v & (v - 1):
             raise PlanError(f"{key} must be a power of two >= 16, got {v!r}")
+    for key in ("precast", "b_regs"):
+        if knobs.get(key, 0) not in (0, 1):  # True / False compare equal to 1 / 0
+            raise PlanError(f"{key} must be 0 or 1, got {knobs[key]!r}")
     return fit_shared_memory(knobs)
 
 
@@ -100,8 +115,13 @@ def operand_bytes(knobs: dict[str, Any]) -> tuple[int, int]:
     precision = knobs.get("precision", "ieee")
     if precision in BF16_STEPS and knobs.get("precast"):
         split_a, split_b = SPLITS[precision]
-        return (4 if split_a else 2), (4 if split_b else 2)
+        return (4 if split_a else 2), (4 if split_b or knobs.get("b_regs") else 2)
     return 4, 4
+
+
+def b_in_registers(knobs: dict[str, Any]) -> bool:
+    """The ``b_regs`` knob in effect: a bf16 step with A precast (see :func:`loop_body`)."""
+    return bool(knobs.get("b_regs")) and bool(knobs.get("precast")) and knobs.get("precision") in BF16_STEPS
 
 
 def gemm_smem_bytes(knobs: dict[str, Any]) -> int:
@@ -124,28 +144,33 @@ def fit_shared_memory(knobs: dict[str, Any], limit: int = SMEM_LIMIT,
     return fitted
 
 
-def _bf16_dot(x: str, y: str) -> list[str]:
+def _bf16_dot(x: str, y: str, swap: bool = False) -> list[str]:
+    x, y = (y, x) if swap else (x, y)
     return ["if INTERPRETED:",
             f"    acc = tl.dot({x}.to(tl.float32), {y}.to(tl.float32), acc, input_precision='ieee')",
             "else:",
             f"    acc = tl.dot({x}, {y}, acc)"]
 
 
-def loop_body(precision: str, precast: bool = False) -> list[str]:
-    """The K loop's products; with ``precast`` the tiles arrive as bf16 hi (and lo) already."""
+def loop_body(precision: str, precast: bool = False, b_regs: bool = False) -> list[str]:
+    """The K loop's products; with ``precast`` the tiles arrive as bf16 hi (and lo) already.
+    ``b_regs``: A arrives precast, B as fp32, rounded [and split] in registers, and the tile is
+    computed transposed (B's tile is ``tl.dot``'s first operand, which wgmma reads from
+    registers), so B never takes a separate pass through memory."""
     if precision not in BF16_STEPS:
         return [f"acc = tl.dot(a, b, acc, input_precision={precision!r})"]
     split_a, split_b = SPLITS[precision]
-    lines = [] if precast else ["a_hi = a.to(tl.bfloat16)", "b_hi = b.to(tl.bfloat16)"]
+    lines = [] if precast else ["a_hi = a.to(tl.bfloat16)"]
+    lines += ["b_hi = b.to(tl.bfloat16)"] if b_regs or not precast else []
     if split_a and not precast:
         lines.append("a_lo = (a - a_hi.to(tl.float32)).to(tl.bfloat16)")
-    if split_b and not precast:
+    if split_b and (b_regs or not precast):
         lines.append("b_lo = (b - b_hi.to(tl.float32)).to(tl.bfloat16)")
     if split_b:
-        lines += _bf16_dot("a_hi", "b_lo")
+        lines += _bf16_dot("a_hi", "b_lo", b_regs)
     if split_a:
-        lines += _bf16_dot("a_lo", "b_hi")
-    return lines + _bf16_dot("a_hi", "b_hi")
+        lines += _bf16_dot("a_lo", "b_hi", b_regs)
+    return lines + _bf16_dot("a_hi", "b_hi", b_regs)
 
 
 PRECAST_HELPER = '''
@@ -200,9 +225,11 @@ def gemm_kernel(k: GemmKernel, knobs: dict[str, Any], policy: str) -> tuple[str,
 
     precision = knobs["precision"]
     precast = bool(knobs.get("precast"))
+    b_regs = b_in_registers(knobs)
     args = Args()
     if not precast:
         args.buffer(k.a.buffer)
+    if not precast or b_regs:
         args.buffer(k.b.buffer)
     for st in k.stores:
         args.collect(st.index, st.value)
@@ -215,7 +242,12 @@ def gemm_kernel(k: GemmKernel, knobs: dict[str, Any], policy: str) -> tuple[str,
     def py_stride(e: Any) -> str:
         return str(e.v) if e.op == "const" else f"({py_expr(e.v)})"
 
-    if precast:
+    if b_regs:
+        split_a, split_b = SPLITS[precision]
+        operands = "pa_hi, pa_lo, sa0, sa1, sa2, oa, "
+        sa, sb = ["sa0", "sa1", "sa2"], [stride(e) for e in k.b.strides]
+        loads = {"a": ["a_hi"] + (["a_lo"] if split_a else []), "b": ["b"]}
+    elif precast:
         split_a, split_b = SPLITS.get(precision, (False, False))
         operands = "pa_hi, pa_lo, pb_hi, pb_lo, sa0, sa1, sa2, sb0, sb1, sb2, oa, ob, "
         sa, sb = ["sa0", "sa1", "sa2"], ["sb0", "sb1", "sb2"]
@@ -230,23 +262,35 @@ def gemm_kernel(k: GemmKernel, knobs: dict[str, Any], policy: str) -> tuple[str,
         loads = {"a": ["a"], "b": ["b"]}
     emit = TritonEmitter(_resolver(args, {"e0": "bb", "e1": "rm2", "e2": "rn2"}, {"acc": "acc"}), "out_mask")
     stores = [f"    tl.store({st.buffer} + {emit.index(st.index)}, {emit(st.value)}, mask=out_mask)" for st in k.stores]
-    body = "\n".join("        " + line for line in loop_body(precision, precast and precision in BF16_STEPS))
+    body = "\n".join("        " + line for line in loop_body(precision, precast and precision in BF16_STEPS, b_regs))
     M, N, K = sizes["M"], sizes["N"], sizes["K"]
+    # b_regs: tiles and accumulator transposed ([BLOCK_K, BLOCK_M] of A, [BLOCK_N, BLOCK_K] of B)
+    a_k, b_k = ("rk[:, None]", "rk[None, :]") if b_regs else ("rk[None, :]", "rk[:, None]")
 
     def load_lines(masked: bool) -> str:
         out = []
         for name in loads["a"]:
             ptr = f"{'pa_lo' if name == 'a_lo' else 'pa_hi'} + a_off" if precast else f"{k.a.buffer} + a_off"
-            mask = ", mask=rk[None, :] < K_LEFT, other=0.0" if masked else ""
+            mask = f", mask={a_k} < K_LEFT, other=0.0" if masked else ""
             out.append(f"            {name} = tl.load({ptr}{mask})")
         for name in loads["b"]:
-            ptr = f"{'pb_lo' if name == 'b_lo' else 'pb_hi'} + b_off" if precast else f"{k.b.buffer} + b_off"
-            mask = ", mask=rk[:, None] < K_LEFT, other=0.0" if masked else ""
+            ptr = f"{'pb_lo' if name == 'b_lo' else 'pb_hi'} + b_off" if precast and not b_regs else f"{k.b.buffer} + b_off"
+            mask = f", mask={b_k} < K_LEFT, other=0.0" if masked else ""
             out.append(f"            {name} = tl.load({ptr}{mask})")
         return "\n".join(out).replace("K_LEFT", f"{K} - k0")
 
     a_rel = f"(bb * {sa[0]} + " + ("oa" if precast else stride(k.a.offset)) + ")"
-    b_rel = f"(bb * {sb[0]} + " + ("ob" if precast else stride(k.b.offset)) + ")"
+    b_rel = f"(bb * {sb[0]} + " + ("ob" if precast and not b_regs else stride(k.b.offset)) + ")"
+    a_rows, b_cols = f"(rm % {M}).to(tl.int64)", f"(rn % {N}).to(tl.int64)"
+    if b_regs:
+        offsets = (f"    a_off = {a_rel} + {a_rows}[None, :] * {sa[1]} + rk[:, None] * {sa[2]}\n"
+                   f"    b_off = {b_rel} + rk[None, :] * {sb[1]} + {b_cols}[:, None] * {sb[2]}\n"
+                   "    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)")
+    else:
+        offsets = (f"    a_off = {a_rel} + {a_rows}[:, None] * {sa[1]} + rk[None, :] * {sa[2]}\n"
+                   f"    b_off = {b_rel} + rk[:, None] * {sb[1]} + {b_cols}[None, :] * {sb[2]}\n"
+                   "    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
+    untranspose = "    acc = tl.trans(acc)\n" if b_regs else ""
     src = f"""@triton.jit
 def {k.name}({operands}{args.params()},
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -263,9 +307,7 @@ def {k.name}({operands}{args.params()},
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    a_off = {a_rel} + (rm % {M}).to(tl.int64)[:, None] * {sa[1]} + rk[None, :] * {sa[2]}
-    b_off = {b_rel} + rk[:, None] * {sb[1]} + (rn % {N}).to(tl.int64)[None, :] * {sb[2]}
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+{offsets}
     for k0 in range(0, {K}, BLOCK_K):
         if EVEN_K:
 {load_lines(False)}
@@ -274,7 +316,7 @@ def {k.name}({operands}{args.params()},
 {body}
         a_off += BLOCK_K * {sa[2]}
         b_off += BLOCK_K * {sb[1]}
-    rm2 = rm.to(tl.int64)[:, None]
+{untranspose}    rm2 = rm.to(tl.int64)[:, None]
     rn2 = rn.to(tl.int64)[None, :]
     out_mask = (rm2 < {M}) & (rn2 < {N})
 {chr(10).join(emit.lines)}
@@ -287,12 +329,13 @@ def {k.name}({operands}{args.params()},
     call_operands = ""
     if precast:
         bf16 = precision in BF16_STEPS
-        for op, name, rows, cols, split, k_dim in (("a", k.a, k.m, k.k, split_a, 2), ("b", k.b, k.k, k.n, split_b, 1)):
+        ops = (("a", k.a, k.m, k.k, split_a, 2), ("b", k.b, k.k, k.n, split_b, 1))
+        for op, name, rows, cols, split, k_dim in ops[:1] if b_regs else ops:
             st = ", ".join(py_stride(e) for e in name.strides)
             mode = (2 if split else 1) if bf16 else 0
             launch.append(f"_p{op}_hi, _p{op}_lo, _s{op}, _o{op} = _kf_precast({name.buffer}, {py_stride(name.offset)}, ({st}), "
                           f"{batch}, {py_expr(rows)}, {py_expr(cols)}, {mode}, {k_dim})")
-        call_operands = "_pa_hi, _pa_lo, _pb_hi, _pb_lo, *_sa, *_sb, _oa, _ob, "
+        call_operands = "_pa_hi, _pa_lo, *_sa, _oa, " if b_regs else "_pa_hi, _pa_lo, _pb_hi, _pb_lo, *_sa, *_sb, _oa, _ob, "
     launch.append(f"{k.name}[{grid}]({call_operands}{args.launch_args()}, BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, "
                   f"GROUP_M={knobs['GROUP_M']}, EVEN_K={even}, INTERPRETED=_INTERPRETED, "
                   f"num_warps={knobs['num_warps']}, num_stages={knobs['num_stages']})")

@@ -1,0 +1,101 @@
+"""The ``b_regs`` GEMM knob: A precast to bf16, B (the weight) loaded as fp32 and rounded [and
+split] in registers, the tile computed transposed. The relaxed default takes it; every bf16 step
+with it must give the same numbers as with both operands precast (checked under the Triton
+interpreter against the fp32 reference, ragged sizes included, a bmm with a batch-strided B)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kforge.agents.expert.planner import plan_problem
+from kforge.agents.expert.triton_matmul import PlanError, check_knobs, gemm_smem_bytes, step_knobs
+from kforge.agents.expert.triton_render import default_knobs, render_triton
+from tests.test_expert_compiler import LINEAR, problem
+
+GEMM = problem(LINEAR, "return torch.relu(self.linear(x)) * 0.5", "[torch.randn(8, 48)]", "[48, 40]")
+BMM = problem("", "return torch.bmm(x, x.transpose(1, 2)) * 0.25", "[torch.randn(2, 24, 40)]")
+
+RUNNER = """
+import importlib.util, json, sys, torch
+cand, prob, init, shapes, tol = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4]), float(sys.argv[5])
+spec = importlib.util.spec_from_file_location("cand", cand)
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+ns = {}
+exec(compile(open(prob).read(), "<p>", "exec"), ns)
+worst = 0.0
+for shape in shapes:
+    torch.manual_seed(0)
+    ref = ns["Model"](*init)
+    new = mod.ModelNew(*init)
+    new.load_state_dict(ref.state_dict())
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        want, got = ref(x), new(x)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    worst = max(worst, float(((got - want).abs() / (tol + tol * want.abs())).max()))
+print(json.dumps({"margin": worst}))
+"""
+
+
+def _margin(source: str, knobs_for: dict, tmp_path: Path, init: list, shapes: list, tol: float) -> float:
+    """max |err| / (tol + tol |ref|) of the candidate rendered with ``knobs_for`` over ``shapes``."""
+    import json
+
+    prog = plan_problem(source)
+    knobs = default_knobs(prog, "relaxed")
+    for name, kv in knobs.items():
+        if "precision" in kv:
+            knobs[name] = check_knobs({**kv, **knobs_for}, "relaxed")
+    cand, prob, runner = tmp_path / "cand.py", tmp_path / "prob.py", tmp_path / "run.py"
+    cand.write_text(render_triton(prog, knobs, "relaxed", source))
+    prob.write_text(source)
+    runner.write_text(RUNNER)
+    proc = subprocess.run([sys.executable, str(runner), str(cand), str(prob), json.dumps(init), json.dumps(shapes),
+                           str(tol)], env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return float(json.loads(proc.stdout.strip().splitlines()[-1])["margin"])
+
+
+def test_relaxed_default_is_bf16_with_the_weight_rounded_in_registers() -> None:
+    prog = plan_problem(GEMM)
+    knobs = next(kv for kv in default_knobs(prog, "relaxed").values() if "precision" in kv)
+    assert knobs["precision"] == "bf16" and knobs["b_regs"] == 1 and knobs["precast"] == 1
+    source = render_triton(prog, default_knobs(prog, "relaxed"), "relaxed", GEMM)
+    assert source.count("= _kf_precast(") == 1  # only A takes a pass of its own
+    assert "acc = tl.trans(acc)" in source
+    # a step up leaves the registers path: bf16x2 / bf16x3 precast both operands again
+    up = step_knobs(knobs, "bf16x3", 1024, 8192)
+    assert up["b_regs"] == 0 and up["precast"] == 1
+    strict = next(kv for kv in default_knobs(prog, "strict").values() if "precision" in kv)
+    assert strict["b_regs"] == 0
+    # B held as fp32 in shared memory: 4 bytes an element in the pipeline's budget
+    assert gemm_smem_bytes({**knobs, "b_regs": 1}) > gemm_smem_bytes({**knobs, "b_regs": 0})
+    with pytest.raises(PlanError, match="b_regs"):
+        check_knobs({**knobs, "b_regs": 2}, "relaxed")
+
+
+@pytest.mark.parametrize("precision", ["bf16", "bf16x2", "bf16x3"])
+def test_b_regs_gives_the_precast_numbers(precision: str, tmp_path: Path) -> None:
+    """Each step's error with B rounded in registers equals its error with B precast (the same
+    rounding, only where it happens differs), on ragged sizes (masks on every edge)."""
+    tiles = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 4, "num_stages": 2, "precision": precision,
+             "precast": 1}
+    shapes = [[8, 48], [21, 48]]
+    tol = 1e-2 if precision != "bf16x3" else 1e-4
+    regs = _margin(GEMM, {**tiles, "b_regs": 1}, tmp_path, [48, 40], shapes, tol)
+    cast = _margin(GEMM, {**tiles, "b_regs": 0}, tmp_path, [48, 40], shapes, tol)
+    assert regs < 1.0, f"{precision} with b_regs misses its tolerance: margin {regs}"
+    assert regs == pytest.approx(cast, rel=1e-3, abs=1e-6)
+
+
+def test_b_regs_on_a_bmm_with_a_transposed_operand(tmp_path: Path) -> None:
+    tiles = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 2, "precision": "bf16",
+             "precast": 1, "b_regs": 1}
+    assert _margin(BMM, tiles, tmp_path, [], [[2, 24, 40], [3, 17, 33]], 1e-2) < 1.0
