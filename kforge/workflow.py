@@ -61,12 +61,20 @@ class WorkflowPlan:
             for problem in problems[suite]
         ]
         plan.code = {stage: code_digest(stage) for stage in (
-            "problem", "example", "generate", "refine", "compile", "verify", "profile", "analyze", "select")}
+            "problem", "example", "generate", "refine", "compile", "verify", "profile", "analyze", "select", "warm")}
         return plan
 
     @property
     def root(self) -> str:
         return self.config.store
+
+    @property
+    def profile_baselines(self) -> str:
+        """The policy the profiles time eager and torch.compile under, "" when they time the
+        candidate alone (:func:`kforge.stages.profile.with_baselines`)."""
+        from kforge.stages.profile import with_baselines
+
+        return self.config.policy if with_baselines(self.config) else ""
 
     @property
     def last_round(self) -> int:

@@ -12,19 +12,44 @@ rule peaks:
         "{STAGE} peaks --config {CFG} --platform {wildcards.platform} --out {output} > {log} 2>&1"
 
 
+rule warm:
+    """torch.compile of the reference, compiled while other jobs share the machine: the timing
+    jobs that own it load the compiled baseline from these caches (kforge/verifier/compile_cache.py)."""
+    input:
+        problem=f"{ROOT}/problems/{{suite}}/{{problem}}.json",
+    output:
+        f"{ROOT}/warm/{{platform}}/{{suite}}/{{problem}}.json",
+    params:
+        code=PLAN.code["warm"],
+        settings=PLAN.settings_digest("profile", "policy"),
+        suite=lambda w: PLAN.suite_digest(w.suite),
+    threads: 2
+    log:
+        f"{ROOT}/logs/warm-{{platform}}-{{suite}}-{{problem}}.log",
+    shell:
+        "{STAGE} warm --config {CFG} --platform {wildcards.platform} --suite {wildcards.suite} "
+        "--problem {wildcards.problem} --problem-record {input.problem} --out {output} > {log} 2>&1"
+
+
 rule profile:
     """Time and profile a verified candidate: evidence for the analysis agent. It shares the
-    machine with other jobs (the report's numbers come from `select`, which does not)."""
+    machine with other jobs (the report's numbers come from `select`, which does not), except
+    in a run without optimization rounds: there it times eager and torch.compile too, owns the
+    machine, and select reports its numbers (kforge/stages/profile.py)."""
     input:
         kernel=f"{RUN}/r{{r}}/kernel.py",
         verified=f"{RUN}/r{{r}}/verify.json",
         peaks=f"{ROOT}/host/peaks-{{platform}}.json",
+        warm=lambda w: [f"{ROOT}/warm/{w.platform}/{w.suite}/{w.problem}.json"] if PLAN.profile_baselines else [],
     output:
         f"{RUN}/r{{r}}/profile.json",
     params:
         code=PLAN.code["profile"],
         settings=PLAN.settings_digest("profile"),
         suite=lambda w: PLAN.suite_digest(w.suite),
+        baselines=PLAN.profile_baselines,
+        warm=lambda w, input: f"--warm-record {input.warm[0]}" if input.warm else "",
+    threads: workflow.cores if PLAN.profile_baselines else 1
     resources:
         gpu=lambda w: 1 if w.platform in ("triton", "cuda") else 0,
     log:
@@ -34,4 +59,4 @@ rule profile:
     shell:
         "{STAGE} profile --config {CFG} --platform {wildcards.platform} --suite {wildcards.suite} "
         "--problem {wildcards.problem} --kernel {input.kernel} --verify-record {input.verified} "
-        "--out {output} > {log} 2>&1"
+        "{params.warm} --out {output} > {log} 2>&1"

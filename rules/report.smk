@@ -8,6 +8,7 @@ rule select:
         rounds=lambda w: _rounds(w, ("kernel.py", "candidate.json", "verify.json", "profile.json", "analysis.json")),
         peaks=f"{ROOT}/host/peaks-{{platform}}.json",
         problem=f"{ROOT}/problems/{{suite}}/{{problem}}.json",
+        warm=f"{ROOT}/warm/{{platform}}/{{suite}}/{{problem}}.json",
     output:
         f"{RUN}/best.json",
     params:
@@ -22,7 +23,7 @@ rule select:
     log:
         f"{RUN}/select.log",
     shell:
-        "{STAGE} select --config {CFG} --inputs {params.dirs} --problem-record {input.problem} --out {output} > {log} 2>&1"
+        "{STAGE} select --config {CFG} --inputs {params.dirs} --problem-record {input.problem} --warm-record {input.warm} --out {output} > {log} 2>&1"
 
 
 rule tables:

@@ -55,6 +55,8 @@ class Cell:
     cost: float = 0.01
     margin: float | None = None  # the verdicts' max_margin (None: no margins recorded)
     precision: str | None = None  # recorded in the plan as the dominant kernel's knob
+    round_baselines: bool = False  # the rounds' profiles time eager and torch.compile too
+    cached_select: bool = True  # select's own timing pre-cached (False: select must not time)
 
 
 CELLS = [
@@ -70,13 +72,13 @@ CELLS = [
 ]
 
 
-def config(root: Path) -> StageContext:
+def config(root: Path, optimization: int = 1) -> StageContext:
     cfg = parse_config({
         "store": str(root / "artifacts"), "policy": "strict",
         "agents": {"expert": {"kind": "expert"}},
         "suites": {"starter": {"path": str(STARTER), "preset": "ci"}},
         "run": {"agents": ["expert"], "platforms": ["cpu"], "suites": ["starter"]},
-        "rounds": {"functional": 0, "optimization": 1},
+        "rounds": {"functional": 0, "optimization": optimization},
     })
     return StageContext(config=cfg, store=Store(cfg.store))
 
@@ -149,7 +151,8 @@ def write_cell(ctx: StageContext, cell: Cell) -> Path:
                                                      preset="ci", source=src, verdict=verdict), store)
         timed = cell.ok and not cell.interpreted
         # the later round is the faster one, so speedup per round has something to show
-        prof = _profile(Cell(**{**cell.__dict__, "cand_ms": cell.cand_ms * (1.5 - 0.5 * r)}), baselines=False)
+        prof = _profile(Cell(**{**cell.__dict__, "cand_ms": cell.cand_ms * (1.5 - 0.5 * r)}),
+                        baselines=cell.round_baselines)
         write_record(d / "profile.json", ProfileRecord(platform=cell.platform, problem_source=problem_src, source=src,
                                                        profile=prof if timed else None,
                                                        skipped=None if timed else "not verified"), store)
@@ -162,8 +165,9 @@ def write_cell(ctx: StageContext, cell: Cell) -> Path:
     key = ctx.action_key("select", platform=cell.platform, source=store.put_text((last / "kernel.py").read_text()),
                          problem=problem_src, preset=suite.preset, sizes=suite.sizes,
                          settings=ctx.config.profile.model_dump(mode="json"))
-    timing = store.put_json(_profile(cell, baselines=True))
-    store.action_put(key, {"profile": timing, "seconds": 3.0}, [timing])
+    if cell.cached_select:
+        timing = store.put_json(_profile(cell, baselines=True))
+        store.action_put(key, {"profile": timing, "seconds": 3.0}, [timing])
     run_select(ctx, round_dirs=dirs, out=run / "best.json", problem_record=problem_record)
     return run / "best.json"
 

@@ -12,7 +12,7 @@ from kforge.stages.context import StageContext
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m kforge.stages")
     p.add_argument("stage", choices=[
-        "problem", "example", "peaks", "generate", "compile", "verify", "profile", "analyze", "refine", "select",
+        "problem", "example", "peaks", "warm", "generate", "compile", "verify", "profile", "analyze", "refine", "select",
         "tables", "report",
     ])
     p.add_argument("--config", required=True, type=Path)
@@ -20,7 +20,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{name}")
     p.add_argument("--round", type=int, default=0)
     for name in ("out", "out-dir", "kernel", "candidate", "compile-record", "verify-record", "profile-record",
-                 "problem-record", "example-record", "prev-dir", "transfer-record"):
+                 "problem-record", "example-record", "prev-dir", "transfer-record", "warm-record"):
         p.add_argument(f"--{name}", type=Path)
     p.add_argument("--inputs", nargs="*", type=Path, default=[])
     return p
@@ -43,6 +43,11 @@ def main(argv: list[str] | None = None) -> int:
         from kforge.stages.profile import host_peaks
 
         write_record(a.out, host_peaks(ctx, get_platform(a.platform).device()), ctx.store)
+    elif a.stage == "warm":
+        from kforge.stages.warm import run_warm
+
+        run_warm(ctx, platform=a.platform, suite=a.suite, problem=a.problem, problem_record=a.problem_record,
+                 out=a.out)
     elif a.stage == "generate":
         from kforge.stages.generate import run_generate
 
@@ -67,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         from kforge.stages.profile import run_profile
 
         run_profile(ctx, platform=a.platform, suite=a.suite, problem=a.problem, kernel=a.kernel,
-                    verify_record=a.verify_record, out=a.out)
+                    verify_record=a.verify_record, out=a.out, warm_record=a.warm_record)
     elif a.stage == "analyze":
         from kforge.stages.analyze import run_analyze
 
@@ -75,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     elif a.stage == "select":
         from kforge.stages.select import run_select
 
-        run_select(ctx, round_dirs=a.inputs, out=a.out, problem_record=a.problem_record)
+        run_select(ctx, round_dirs=a.inputs, out=a.out, problem_record=a.problem_record, warm_record=a.warm_record)
     elif a.stage == "tables":
         from kforge.stages.report import run_tables
 

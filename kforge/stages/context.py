@@ -28,9 +28,10 @@ STAGE_CODE: dict[str, tuple[str, ...]] = {
     "generate": ("agents/**/*.py", "llm*.py", "problems.py", "stages/generate.py", "stages/agent_calls.py"),
     "compile": ("platforms/*.py", "stages/compile.py"),
     "verify": ("verifier/*.py", "platforms/*.py", "problems.py", "problem_cost.py", "stages/verify.py"),
-    "profile": ("verifier/*.py", "platforms/*.py", "problems.py", "problem_cost.py", "stages/profile.py"),
+    "profile": ("verifier/*.py", "platforms/*.py", "problems.py", "problem_cost.py", "stages/profile.py", "stages/warm.py"),
     "analyze": ("agents/**/*.py", "llm*.py", "stages/analyze.py", "stages/agent_calls.py"),
-    "select": ("verifier/*.py", "platforms/*.py", "problems.py", "problem_cost.py", "stages/select.py"),
+    "select": ("verifier/*.py", "platforms/*.py", "problems.py", "problem_cost.py", "stages/select.py", "stages/warm.py"),
+    "warm": ("verifier/*.py", "platforms/*.py", "problems.py", "stages/warm.py"),
 }
 STAGE_CODE["refine"] = STAGE_CODE["generate"] + ("stages/refine.py",)
 

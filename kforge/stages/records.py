@@ -82,6 +82,24 @@ class ProfileRecord(Record):
     seconds: float = 0.0
 
 
+class WarmRecord(Record):
+    """torch.compile's baseline compiled off the critical path (kforge/verifier/compile_cache.py):
+    the folder of its caches and the SHA-256 of every file, checked when a timing job plants them."""
+
+    kind: Literal["warm"] = "warm"
+    platform: str
+    problem_source: str
+    ok: bool
+    detail: str = ""
+    skipped: str | None = None  # why nothing was warmed (torch.compile not timed in this run)
+    folder: str | None = None
+    manifest: dict[str, str] = Field(default_factory=dict)
+    files: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    phase_s: dict[str, float] = Field(default_factory=dict)
+
+
 class AnalysisRecord(Record):
     kind: Literal["analysis"] = "analysis"
     agent: str

@@ -109,7 +109,8 @@ def _status_without_winner(verdicts: list[VerifyRecord], profiles: list[ProfileR
 
 
 def run_select(
-    ctx: StageContext, *, round_dirs: list[Path], out: Path, problem_record: Path | None = None
+    ctx: StageContext, *, round_dirs: list[Path], out: Path, problem_record: Path | None = None,
+    warm_record: Path | None = None,
 ) -> SelectionRecord:
     cands = [read_record(d / "candidate.json", CandidateRecord) for d in round_dirs]
     verdicts = [read_record(d / "verify.json", VerifyRecord) for d in round_dirs]
@@ -163,9 +164,10 @@ def run_select(
         "select", platform=first.platform, source=best_source, problem=verdicts[best].problem_source,
         preset=suite_cfg.preset, sizes=suite_cfg.sizes, settings=prof.model_dump(mode="json"),
     )
-    hit = ctx.store.action_get(key)
+    hit = ctx.store.action_get(key) or profiled_with_baselines(ctx, profiles, eligible, verdicts)
     if hit is None:
         from kforge.stages.profile import host_peaks
+        from kforge.stages.warm import seed_for
         from kforge.verifier.profiling import time_against_baselines
 
         start = time.perf_counter()
@@ -175,7 +177,7 @@ def run_select(
             build_dir=ctx.build_dir.resolve(), warmup=prof.warmup, reps=prof.reps,
             threads=prof.threads, timeout_s=prof.timeout_s, peaks=host_peaks(ctx, verdicts[best].verdict.device),
             remeasure=lambda: host_peaks(ctx, verdicts[best].verdict.device, fresh=True),
-            compile_baseline=prof.compile_baseline,
+            compile_baseline=prof.compile_baseline, compile_cache=seed_for(warm_record),
         )
         hit = {"profile": ctx.store.put_json(profile), "seconds": round(time.perf_counter() - start, 3)}
         ctx.ledger("select", platform=first.platform, problem=first.problem, source=best_source)
@@ -184,10 +186,30 @@ def run_select(
 
     profile = Profile.model_validate(ctx.store.get_json(hit["profile"]))
     record = _timed_record(common, profile, best, best_dir, best_source, hit, wall)
+    if hit.get("from_profile"):
+        record.detail += " (timed with both baselines in the round's profile job)"
     record.inputs = inputs_manifest(ctx, first.agent, best_dir, profile.device)
     _progress(ctx, record)
     write_record(out, record, ctx.store)
     return record
+
+
+def profiled_with_baselines(ctx: StageContext, profiles: list[ProfileRecord], eligible: list[tuple[float, int]],
+                            verdicts: list[VerifyRecord]) -> dict[str, Any] | None:
+    """The best round's own profile as the selection timing, when it already is one: taken with
+    both baselines under this run's policy (``kforge.stages.profile.with_baselines``) and the
+    only timed source, so no pick among noisy timings happened that a re-timing would have to
+    undo. None: select times the winner itself."""
+    from kforge.stages.profile import with_baselines
+
+    best = eligible[0][1]
+    profile = profiles[best].profile
+    sources = {verdicts[i].source for _, i in eligible}
+    if not with_baselines(ctx.config) or len(sources) != 1 or profile is None or profile.eager is None:
+        return None
+    if ctx.config.profile.compile_baseline and profile.compiled is None and not profile.extra.get("compile_error"):
+        return None
+    return {"profile": ctx.store.put_json(profile.model_dump(mode="json")), "seconds": 0.0, "from_profile": True}
 
 
 def _progress(ctx: StageContext, record: SelectionRecord) -> None:

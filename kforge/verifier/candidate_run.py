@@ -257,6 +257,42 @@ def _kernel_table(fn: Callable[[], Any], device: str, calls: int = 3) -> list[di
     return rows[:15]
 
 
+def compile_reference(problem: Any, seed: int, device: str, inputs: list[Any]) -> Any:
+    """torch.compile's baseline: a reference of its own, compiled and called once on ``inputs``."""
+    from kforge.verifier.worker import build_models
+
+    compiled = torch.compile(build_models(problem, None, seed, device)[0])
+    with torch.no_grad():
+        compiled(*inputs)
+    return compiled
+
+
+def run_compile_cache(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> None:
+    """No candidate here: torch.compile of the reference exactly as :func:`run_profile` makes it
+    (same inputs, seed and threads), so the inductor and Triton caches of this job's scratch
+    folder hold what a later timing job loads instead of compiling (kforge/verifier/compile_cache.py)."""
+    from kforge.verifier.checked import CheckedTiming
+    from kforge.verifier.timing import pin_cpu
+    from kforge.verifier.worker import Phases, build_models
+
+    device, seed = job["device"], job["model_seed"]
+    if device == "cpu":
+        pin_cpu(job.get("threads"))
+    phases = Phases()
+    try:
+        problem = load_case_problem(Path(job["problem_path"]), job["preset"], job.get("sizes"))
+        with torch.no_grad():
+            checked = CheckedTiming.prepare(problem, build_models(problem, None, seed, device)[0], seed,
+                                            device, job["reps"], job.get("tol"))
+        phases.mark("prepare")
+        compile_reference(problem, seed, device, checked.plan.buffers[0])
+        phases.mark("compile_baseline")
+    except Exception as exc:  # noqa: BLE001 - the problem's own code, or inductor, failed
+        fail("harness_error", exc)
+    send({"kind": "compile_cache", "phase_s": phases.seconds})
+    finish({})
+
+
 def run_profile(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> None:
     """Checked timing (``checked.py``): the reference's answers and the input sets are made
     before the candidate is imported; on the CPU every timed call is clocked by the parent
@@ -295,9 +331,7 @@ def run_profile(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> No
         extra["compile_skipped"] = True
     elif job.get("baselines"):
         try:
-            compiled = torch.compile(build_models(problem, None, seed, device)[0])
-            with torch.no_grad():
-                compiled(*checked.plan.buffers[0])
+            compiled = compile_reference(problem, seed, device, checked.plan.buffers[0])
         except Exception as exc:  # noqa: BLE001 - recorded: the eager baseline still stands
             compiled = None
             extra["compile_error"] = f"{type(exc).__name__}: {exc}"[:500]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kforge.schema import TOLERANCES, KernelStat, Policy, Profile, Timing
+from kforge.verifier.compile_cache import Seed
 from kforge.verifier.handshake import BATCH_NS, CallTimer, clock_gaps, consistency, parent_timings
 from kforge.verifier.peaks import Peaks, bandwidth_ceiling
 from kforge.verifier.reasons import Reason
@@ -84,9 +85,10 @@ def profile_candidate(
     warmup: int = 3, reps: int = 20, threads: int | None = None, timeout_s: float = 300,
     peaks: Peaks | None = None, remeasure: Callable[[], Peaks] | None = None,
     policy: Policy | None = None, parent_clock: bool = True, batch_ns: int | None = None,
-    compile_baseline: bool = True,
+    compile_baseline: bool = True, compile_cache: Seed | None = None,
 ) -> Profile:
     """Timing record of one candidate; never raises for anything the candidate does.
+    ``compile_cache``: torch.compile's baseline starts from a warmed cache (``compile_cache.py``).
     ``remeasure`` re-measures the peaks before a flag (see :func:`roofline`). The timed calls'
     outputs are checked against the reference (``checked.py``; at the ``policy``'s tolerance,
     else 1e-2), and on the CPU the parent clocks every batch of calls (``handshake.py``).
@@ -100,7 +102,8 @@ def profile_candidate(
     kw: dict[str, Any] = dict(platform=platform, preset=preset, sizes=sizes, build_dir=build_dir,
                               baselines=baselines, warmup=warmup, reps=reps, threads=threads,
                               timeout_s=timeout_s, peaks=peaks, remeasure=remeasure, policy=policy,
-                              parent_clock=parent_clock, batch_ns=batch_ns, compile_baseline=compile_baseline)
+                              parent_clock=parent_clock, batch_ns=batch_ns, compile_baseline=compile_baseline,
+                              compile_cache=compile_cache if baselines and compile_baseline else None)
     first = _profile_once(source, problem_path, **kw)
     if first.reason != Reason.TIMING_INCONSISTENT.value:
         return first
@@ -114,6 +117,7 @@ def _profile_once(
     build_dir: Path | None, baselines: bool, warmup: int, reps: int, threads: int | None,
     timeout_s: float, peaks: Peaks | None, remeasure: Callable[[], Peaks] | None,
     policy: Policy | None, parent_clock: bool, batch_ns: int | None, compile_baseline: bool,
+    compile_cache: Seed | None,
 ) -> Profile:
     from kforge.platforms import UnknownPlatformError, get_platform
 
@@ -137,8 +141,11 @@ def _profile_once(
                       batch_ns=BATCH_NS if batch_ns is None else batch_ns) if parent_clock else None
     out = run_job(job, scratch_root=None, env_extra=plat.worker_env(build),
                   limits=Limits(timeout_s=timeout_s, memory_mb=None), gpu=device == "cuda",
-                  candidate_source=source, ro_paths=[build, problem_path.parent], companion=timer)
+                  candidate_source=source, ro_paths=[build, problem_path.parent], companion=timer,
+                  seed=compile_cache)
     extra: dict[str, object] = {"sandbox": out.mode, **clocks_before, "seconds": time.monotonic() - start}
+    if compile_cache is not None:
+        extra["compile_cache"] = compile_cache.status
     if device == "cuda":
         extra["clocks_after"] = read_clocks()
     if out.reason is not None:
@@ -187,11 +194,11 @@ def time_against_baselines(source: str, problem_path: Path, *, platform: str, po
                            sizes: dict[str, int] | None = None, build_dir: Path | None = None, warmup: int = 3,
                            reps: int = 20, threads: int | None = None, timeout_s: float = 300,
                            peaks: Peaks | None = None, remeasure: Callable[[], Peaks] | None = None,
-                           compile_baseline: bool = True) -> Profile:
+                           compile_baseline: bool = True, compile_cache: Seed | None = None) -> Profile:
     """The candidate, eager and torch.compile timed alternately in one process through the
     checked path: what the pipeline's ``select`` stage and ``kforge bench`` report.
     ``compile_baseline=False`` leaves torch.compile out (``extra["compile_skipped"]``)."""
     return profile_candidate(source, problem_path, platform=platform, preset=preset, sizes=sizes,
                              build_dir=build_dir, baselines=True, warmup=warmup, reps=reps, threads=threads,
                              timeout_s=timeout_s, peaks=peaks, remeasure=remeasure, policy=policy,
-                             compile_baseline=compile_baseline)
+                             compile_baseline=compile_baseline, compile_cache=compile_cache)

@@ -73,6 +73,12 @@ PASSED_THROUGH = ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_
                   "PYTORCH_NVCC", "TORCH_CUDA_ARCH_LIST", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN")
 
 
+CACHE_DIRS = ("inductor", "triton")  # the compile caches worker_env points into the scratch folder
+# not carried from a warm-up job into a timing job: inductor's autotuning picks (made on a GPU
+# other jobs shared) and lock files; the timing job autotunes again with the machine to itself
+CACHE_SKIP = ("*.best_config", "*.lock", "lock")
+
+
 def worker_env(extra: dict[str, str], scratch: Path, threads: int | None) -> dict[str, str]:
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -96,16 +102,22 @@ def run_job(
     job: dict[str, Any], *, scratch_root: Path | None, env_extra: dict[str, str], limits: Limits,
     gpu: bool, candidate_source: str | None = None, ro_paths: list[Path] | None = None,
     argv_prefix: Callable[[Path], list[str]] | None = None, collect: Sequence[str] = (),
-    companion: Companion | None = None,
+    companion: Companion | None = None, seed: Callable[[Path], object] | None = None,
+    keep_to: Path | None = None,
 ) -> JobOutcome:
     """Run one worker job in a fresh scratch folder (deleted afterwards).
 
     ``argv_prefix(scratch)`` wraps the worker's command line in a tool run inside the sandbox
     (``compute-sanitizer ... python -m kforge.verifier.worker_main``); the ``collect`` files (names
     relative to the scratch folder, e.g. the tool's log) are read back before the folder goes.
-    The candidate can write there too: treat what comes back as its word, not the tool's."""
+    The candidate can write there too: treat what comes back as its word, not the tool's.
+    ``seed(scratch)`` fills the scratch folder before the worker starts (compile caches);
+    ``keep_to``: the worker's compile caches (``inductor/``, ``triton/``) copied there after it
+    ends (a trusted job's only; both in :mod:`kforge.verifier.compile_cache`)."""
     scratch = Path(tempfile.mkdtemp(prefix="kforge-run-", dir=scratch_root))
     try:
+        if seed is not None:
+            seed(scratch)
         if candidate_source is not None:
             (scratch / "candidate.py").write_text(candidate_source)
             job = dict(job, candidate_path=str(scratch / "candidate.py"))
@@ -120,6 +132,11 @@ def run_job(
                                ro_paths=visible, gpu=gpu, companion=companion)
         outcome = interpret(result, nonce, scratch)
         outcome.files = {name: _read_capped(scratch / name) for name in collect}
+        if keep_to is not None:
+            for name in CACHE_DIRS:
+                if (scratch / name).is_dir():
+                    shutil.copytree(scratch / name, keep_to / name, symlinks=False, dirs_exist_ok=True,
+                                    ignore=shutil.ignore_patterns(*CACHE_SKIP))
         return outcome
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -299,10 +299,11 @@ def main() -> None:
     mode = job["mode"]
     if mode == "reference":
         run_reference(job)
-    elif mode in ("candidate", "profile"):
-        from kforge.verifier.candidate_run import run_candidate, run_profile
+    elif mode in ("candidate", "profile", "compile_cache"):
+        from kforge.verifier.candidate_run import run_candidate, run_compile_cache, run_profile
 
-        (run_candidate if mode == "candidate" else run_profile)(job, send, finish, fail)
+        run = {"candidate": run_candidate, "profile": run_profile, "compile_cache": run_compile_cache}[mode]
+        run(job, send, finish, fail)
     else:
         fail("harness_error", f"unknown worker mode {mode!r}")
 
