@@ -102,8 +102,8 @@ class Seed:
             # them in between (the worker, the only other process that sees them, starts later)
             found = manifest_of(scratch)
             if found != self.manifest:
-                changed = sorted(set(found.items()) ^ set(self.manifest.items()))
-                raise ValueError(f"{len(changed)} files differ from the manifest, e.g. {changed[0][0]}")
+                changed = sorted(p for p in found.keys() | self.manifest.keys() if found.get(p) != self.manifest.get(p))
+                raise ValueError(f"{len(changed)} files differ from the manifest, e.g. {changed[0]}")
             self.status = f"hit: {len(found)} files"
         except (OSError, ValueError) as err:
             for name in CACHE_DIRS:

@@ -1,0 +1,86 @@
+"""torch.compile's baseline from a warmed cache (kforge/verifier/compile_cache.py): the warm job
+keeps the caches with a manifest; a timing job plants a copy and uses it only if every file
+matches; anything else compiles from nothing and says so."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kforge.verifier.compile_cache import Seed, manifest_of, seed_from_record, warm
+from kforge.verifier.profiling import profile_candidate
+
+from .conftest import HONEST, SCALE_TANH
+
+
+def _cache(folder: Path) -> Path:
+    (folder / "inductor" / "fxgraph").mkdir(parents=True)
+    (folder / "inductor" / "fxgraph" / "entry").write_bytes(b"graph")
+    (folder / "triton" / "k").mkdir(parents=True)
+    (folder / "triton" / "k" / "kernel.so").write_bytes(b"\x7fELF")
+    (folder / "unrelated.txt").write_text("not a cache dir: not in the manifest")
+    return folder
+
+
+def test_the_manifest_hashes_every_cache_file_and_refuses_links(tmp_path: Path) -> None:
+    folder = _cache(tmp_path / "warm")
+    manifest = manifest_of(folder)
+    assert sorted(manifest) == ["inductor/fxgraph/entry", "triton/k/kernel.so"]
+    assert len(set(manifest.values())) == 2 and all(len(v) == 64 for v in manifest.values())
+    os.symlink("/etc/hostname", folder / "triton" / "k" / "link")
+    with pytest.raises(ValueError, match="not a plain file"):
+        manifest_of(folder)
+
+
+def test_a_matching_copy_is_planted(tmp_path: Path) -> None:
+    folder = _cache(tmp_path / "warm")
+    seed = Seed(folder, manifest_of(folder))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    seed(scratch)
+    assert seed.status == "hit: 2 files"
+    assert (scratch / "triton" / "k" / "kernel.so").read_bytes() == b"\x7fELF"
+    assert not (scratch / "unrelated.txt").exists()
+
+
+@pytest.mark.parametrize("tamper", ["changed", "added", "removed"])
+def test_a_copy_that_differs_from_the_manifest_is_dropped(tmp_path: Path, tamper: str) -> None:
+    folder = _cache(tmp_path / "warm")
+    seed = Seed(folder, manifest_of(folder))
+    target = folder / "inductor" / "fxgraph" / "entry"
+    if tamper == "changed":
+        target.write_bytes(b"another graph")
+    elif tamper == "added":
+        (folder / "triton" / "k" / "extra.py").write_text("print('hello')")
+    else:
+        target.unlink()
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    seed(scratch)
+    assert seed.status.startswith("cold: the warmed cache was not used (1 files differ")
+    assert not (scratch / "inductor").exists() and not (scratch / "triton").exists()
+
+
+def test_no_seed_without_a_warmed_folder(tmp_path: Path) -> None:
+    assert seed_from_record(None) is None
+    assert seed_from_record({"ok": False, "detail": "timeout"}) is None
+    seed = seed_from_record({"ok": True, "folder": str(tmp_path), "manifest": {"triton/a": "0" * 64}})
+    assert isinstance(seed, Seed) and seed.manifest == {"triton/a": "0" * 64}
+
+
+@pytest.mark.slow
+def test_a_warmed_compile_is_found_by_the_timing_job(tmp_path: Path) -> None:
+    """The real thing on the CPU: warm compiles the reference with inductor, then a profile with
+    both baselines plants the caches and its torch.compile finds them."""
+    result = warm(SCALE_TANH, platform="cpu", dest=tmp_path / "cache", preset="ci", sizes=None,
+                  build_dir=tmp_path / "build", reps=5, threads=1, tol=1e-4, timeout_s=300)
+    assert result["ok"], result["detail"]
+    assert result["files"] > 0 and result["manifest"] == manifest_of(tmp_path / "cache")
+    assert not any(name.endswith(".best_config") for name in result["manifest"])
+    seed = seed_from_record(result)
+    prof = profile_candidate(HONEST, SCALE_TANH, platform="cpu", baselines=True, reps=5, threads=1,
+                             build_dir=tmp_path / "build", policy="strict", compile_cache=seed)
+    assert prof.ok and prof.compiled is not None
+    assert prof.extra["compile_cache"] == f"hit: {result['files']} files"
