@@ -4,7 +4,8 @@ Layers, strongest available first (the chosen combination is recorded as ``mode`
 
     isolation   bwrap   read-only root, private /tmp, scratch bound read-write, no network,
                         own PID namespace (escaped grandchildren die with it), die-with-parent
-                unshare  util-linux unshare: no network + PID namespace (root only)
+                unshare  util-linux unshare (root only): no network, own PID and mount namespace,
+                        every mount read-only but the scratch (ro_mounts.py), no capabilities
                 setsid   own session / process group only
     limits      cgroup   pids.max (holds as root) + memory cap + kill-by-group
                 uid      drop to nobody with RLIMIT_NPROC (root without cgroups)
@@ -154,16 +155,20 @@ def isolation_available() -> str:
         _BWRAP_OK = _bwrap_works()
     if _BWRAP_OK:
         return "bwrap"
-    if os.geteuid() == 0 and shutil.which("unshare"):
+    if os.geteuid() == 0 and shutil.which("unshare") and shutil.which("setpriv"):
         return "unshare"
     return "setsid"
 
 
 def _wrap(argv: list[str], isolation: str, *, scratch: Path, ro_paths: list[Path], gpu: bool,
           drop_uid: bool) -> list[str]:
-    tail = list(argv)
-    if drop_uid:
-        tail = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", *tail]
+    to_nobody = [f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"] if drop_uid else []
+    if isolation == "unshare":  # root: mounts read-only but the scratch, then no capabilities left
+        no_caps = ["--bounding-set", "-all", "--inh-caps", "-all", "--no-new-privs"]
+        return ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc",
+                sys.executable, "-I", str(Path(__file__).with_name("ro_mounts.py")), str(scratch), "--",
+                "setpriv", *to_nobody, *no_caps, "--", *argv]
+    tail = ["setpriv", *to_nobody, "--", *argv] if drop_uid else list(argv)
     if isolation == "bwrap":
         cmd = ["bwrap", "--ro-bind", "/", "/", "--proc", "/proc"]
         cmd += ["--dev-bind", "/dev", "/dev"] if gpu else ["--dev", "/dev"]
@@ -175,8 +180,6 @@ def _wrap(argv: list[str], isolation: str, *, scratch: Path, ro_paths: list[Path
         cmd += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                 "--die-with-parent", "--new-session", "--"]
         return cmd + tail
-    if isolation == "unshare":
-        return ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", *tail]
     return tail
 
 

@@ -4,12 +4,15 @@ Every test gets a Verdict back (never an exception) and leaves no process behind
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from kforge.verifier.checks import static_check
 from kforge.verifier.runner import scrub
@@ -226,3 +229,44 @@ def test_build_folder_default_order(monkeypatch) -> None:  # type: ignore[no-unt
     monkeypatch.setenv("KFORGE_BUILD_DIR", "/srv/builds")
     assert build_folder("triton", None) == Path("/srv/builds")
     assert build_folder("triton", "/given") == Path("/given")
+
+
+UNSHARE_PROBE = """import errno, os, subprocess
+def attempt(path):
+    try:
+        with open(path, 'a') as fh:
+            fh.write('pwned')
+        return 'wrote'
+    except OSError as err:
+        return errno.errorcode[err.errno]
+print(attempt(os.environ['OUTSIDE']))
+print(attempt('scratch-file'))
+print(subprocess.run(['mount', '-o', 'remount,rw', '/'], capture_output=True).returncode != 0)
+print(os.getcwd() == os.environ['SCRATCH'])
+"""
+
+
+@pytest.mark.parametrize("cgroups", [True, False])
+def test_unshare_fallback_keeps_the_filesystem_read_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         cgroups: bool) -> None:
+    """Without bwrap, root's `unshare` sandbox remounts everything read-only but the scratch and
+    drops every capability: no write outside the scratch, no remount (a real hole before:
+    /etc/passwd and the checkout were writable)."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("setpriv"):
+        pytest.skip("the unshare sandbox is root-only and needs util-linux's unshare and setpriv")
+    import kforge.verifier.sandbox as sandbox
+
+    monkeypatch.setenv("KFORGE_SANDBOX", "unshare")
+    if not cgroups:  # the uid drop joins the capability drop
+        monkeypatch.setattr(sandbox.RunCgroup, "create", classmethod(lambda cls, **kw: None))
+    outside = tmp_path / "outside.txt"
+    outside.write_text("kept")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    r = run_sandboxed([sys.executable, "-c", UNSHARE_PROBE], scratch=scratch, stdin=b"",
+                      env={"PATH": os.environ["PATH"], "OUTSIDE": str(outside), "SCRATCH": str(scratch)},
+                      limits=Limits(timeout_s=60))
+    assert r.mode.startswith("unshare+") and r.returncode == 0, r.stderr
+    lines = r.stdout.split("\n")
+    assert lines[0] == ("EROFS" if cgroups else "EACCES") and lines[1:4] == ["wrote", "True", "True"]
+    assert outside.read_text() == "kept" and (scratch / "scratch-file").read_text() == "pwned"

@@ -1,0 +1,100 @@
+"""The `unshare` sandbox's filesystem: every mount read-only except the run's scratch folder.
+
+Run as a script (no kforge import: it starts the sandboxed worker) by
+:func:`kforge.verifier.sandbox._wrap` inside a fresh mount namespace, as root, on hosts without
+bwrap::
+
+    python -I ro_mounts.py SCRATCH -- setpriv ... -- python -m kforge.verifier.worker_main
+
+It binds SCRATCH onto itself, remounts every other mount point read-only (keeping nosuid, nodev,
+noexec and the atime flags), checks with statvfs that each one now is, and execs the rest of its argv, which
+drops every capability (``setpriv --bounding-set -all``) so the worker cannot mount anything
+writable again. Device nodes stay usable (a read-only mount does not stop writes to /dev/nvidia*).
+If any mount point stays writable it exits with status 97 and says which, before the worker
+runs: a candidate never runs with a writable root.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC = 32, 1024, 2048, 4096, 16384
+MS_RELATIME, MS_STRICTATIME = 1 << 21, 1 << 24
+ST_RDONLY = 1
+# flags a remount keeps: a container's user namespace locks them (changing one is EPERM)
+KEEP = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
+        "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
+FAILED = 97
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as octal escapes (\\040 ...)."""
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def mount_points() -> list[tuple[str, int]]:
+    """(mount point, the flags of KEEP it has) for every mount in this namespace."""
+    found = []
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            parts = line.split()
+            options = parts[5].split(",")
+            flags = sum(bit for name, bit in KEEP.items() if name in options)
+            if "noatime" not in options and "relatime" not in options:
+                flags |= MS_STRICTATIME
+            found.append((_unescape(parts[4]), flags))
+    return found
+
+
+def _mount(libc: ctypes.CDLL, source: str | None, target: str, flags: int) -> int:
+    rc = libc.mount(source.encode() if source else None, target.encode(), None, flags, None)
+    return 0 if rc == 0 else ctypes.get_errno()
+
+
+def lock_down(scratch: str) -> list[str]:
+    """Make everything but ``scratch`` read-only; the mount points that are still writable."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if _mount(libc, None, "/", MS_REC | 0x40000):  # MS_PRIVATE: nothing leaks out of this namespace
+        return ["/ (could not make the mount tree private)"]
+    if err := _mount(libc, scratch, scratch, MS_BIND | MS_REC):
+        return [f"{scratch} (bind: {os.strerror(err)})"]
+    inside = scratch.rstrip("/") + "/"
+    points = [(p, f) for p, f in mount_points() if p != scratch and not p.startswith(inside)]
+    for point, flags in points:
+        _mount(libc, None, point, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
+    writable = []
+    for point, _ in points:
+        try:
+            if not os.statvfs(point).f_flag & ST_RDONLY:
+                writable.append(point)
+        except OSError:  # a mount point hidden under another mount: not reachable
+            continue
+    return writable
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 4 or argv[2] != "--":
+        sys.exit("usage: ro_mounts.py SCRATCH -- COMMAND...")
+    scratch = os.path.realpath(argv[1])
+    writable = lock_down(scratch)
+    if writable:
+        print(f"sandbox: could not make {', '.join(writable[:5])} read-only; not running the worker",
+              file=sys.stderr)
+        sys.exit(FAILED)
+    os.chdir(scratch)
+    os.execvp(argv[3], argv[3:])
+
+
+if __name__ == "__main__":
+    main(sys.argv)
