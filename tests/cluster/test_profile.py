@@ -17,7 +17,8 @@ from tests.pipeline_helpers import write_config
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "profiles" / "slurm"
-DEVICE_RULES = ("example", "generate", "refine", "compile", "verify", "analyze", "profile", "peaks", "select")
+DEVICE_RULES = ("example", "generate", "refine", "compile", "verify", "analyze", "profile", "peaks", "select",
+                "warm")
 CORES = 8
 
 
@@ -96,7 +97,10 @@ def test_whole_machine_jobs_are_exclusive_with_every_core(dry_run: tuple[list[di
 
 def test_round_loops_run_as_one_job_per_cell(dry_run: tuple[list[dict[str, Any]], str]) -> None:
     jobs, out = dry_run
-    assert out.count("Group job cell") == 2  # cpu and triton cell of the one problem
+    # the cpu and triton cells of the one problem, and their warm jobs: with an optimization
+    # round only select uses the compile cache, so each warm job is a group of its own
+    assert out.count("Group job cell") == 4
+    assert sum(j["rule"] == "warm" for j in jobs) == 2
     assert {j["rule"] for j in jobs} >= {"tables", "report"}  # local rules (the cluster test checks sacct)
 
 
