@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# GPU smoke test of the read-only unshare sandbox (the GPU host has no bwrap), as root:
+#   PYTHONPATH=<site with pydantic>:$PWD scripts/sandbox_gpu_smoke.sh OUT_DIR
+# CUDA and Triton must work inside it and writes outside the scratch must fail (EROFS); exit 0
+# only if all of that holds. Not yet run on a GPU (2026-12-06: no device machine could be had).
+set -u
+out=$1
+scratch=$(mktemp -d /var/tmp/scr.XXXX)
+outside=$(mktemp /var/tmp/outside.XXXX); echo kept > "$outside"
+KFORGE_SANDBOX=unshare timeout 150 python3 - "$scratch" "$outside" <<'PY' 2>&1 | tee "$out/sandbox_smoke.txt"
+import os, sys
+from pathlib import Path
+from kforge.verifier.sandbox import Limits, run_sandboxed
+scratch, outside = Path(sys.argv[1]), sys.argv[2]
+probe = f"""
+import errno, os, torch
+def attempt(p):
+    try:
+        open(p, 'a').write('pwned'); return 'wrote'
+    except OSError as e:
+        return errno.errorcode[e.errno]
+a = torch.randn(1024, 1024, device='cuda'); b = (a @ a).sum().item()
+print('cuda ok', torch.cuda.get_device_name(), b == b)
+import triton, triton.language as tl
+@triton.jit
+def k(x, n: tl.constexpr):
+    i = tl.arange(0, n); tl.store(x + i, tl.load(x + i) * 2)
+t = torch.ones(128, device='cuda'); k[(1,)](t, 128); torch.cuda.synchronize()
+print('triton ok', t.sum().item())
+print('outside', attempt({outside!r}), 'etc', attempt('/etc/kforge-probe'), 'scratch', attempt('f'))
+"""
+env = {k: v for k, v in os.environ.items() if k in ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "PYTHONPATH")}
+env.update(HOME=str(scratch), TMPDIR=str(scratch), TRITON_CACHE_DIR=str(scratch / "triton"))
+r = run_sandboxed([sys.executable, "-c", probe], env=env, scratch=scratch, stdin=b"", gpu=True,
+                  limits=Limits(timeout_s=120))
+print("mode", r.mode, "rc", r.returncode, "seconds", round(r.seconds, 1))
+print(r.stdout[-2000:]); print(r.stderr[-3000:])
+ok = ("cuda ok" in r.stdout and "triton ok 256.0" in r.stdout
+      and "outside EROFS etc EROFS scratch wrote" in r.stdout)
+print("SMOKE", "PASS" if ok else "FAIL")
+sys.exit(0 if ok else 1)
+PY
+rc=${PIPESTATUS[0]}
+echo "outside file now: $(cat "$outside")" | tee -a "$out/sandbox_smoke.txt"
+exit $rc
