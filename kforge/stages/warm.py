@@ -6,10 +6,14 @@ compiled baseline from its caches instead of compiling it (kforge/verifier/compi
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kforge.schema import TOLERANCES, ProblemMeta
 from kforge.stages.context import StageContext, read_record, write_record
 from kforge.stages.records import WarmRecord
+
+if TYPE_CHECKING:
+    from kforge.verifier.compile_cache import Seed
 
 
 def run_warm(ctx: StageContext, *, platform: str, suite: str, problem: str, problem_record: Path,
@@ -31,7 +35,7 @@ def run_warm(ctx: StageContext, *, platform: str, suite: str, problem: str, prob
     return record
 
 
-def seed_for(warm_record: Path | None):  # type: ignore[no-untyped-def]
+def seed_for(warm_record: Path | None) -> Seed | None:
     """The compile-cache seed a timing job plants (None: it compiles from nothing)."""
     if warm_record is None or not Path(warm_record).is_file():
         return None

@@ -257,6 +257,20 @@ def _kernel_table(fn: Callable[[], Any], device: str, calls: int = 3) -> list[di
     return rows[:15]
 
 
+def prepare_reference(job: dict[str, Any]) -> tuple[Any, Any]:
+    """The job's problem and its checked-timing plan (reference answers, input sets), made before
+    any candidate code runs; raises what the problem's own code raises."""
+    from kforge.verifier.checked import CheckedTiming
+    from kforge.verifier.worker import build_models
+
+    device, seed = job["device"], job["model_seed"]
+    problem = load_case_problem(Path(job["problem_path"]), job["preset"], job.get("sizes"))
+    with torch.no_grad():
+        checked = CheckedTiming.prepare(problem, build_models(problem, None, seed, device)[0], seed,
+                                        device, job["reps"], job.get("tol"))
+    return problem, checked
+
+
 def compile_reference(problem: Any, seed: int, device: str, inputs: list[Any]) -> Any:
     """torch.compile's baseline: a reference of its own, compiled and called once on ``inputs``."""
     from kforge.verifier.worker import build_models
@@ -271,19 +285,15 @@ def run_compile_cache(job: dict[str, Any], send: Send, finish: Send, fail: Send)
     """No candidate here: torch.compile of the reference exactly as :func:`run_profile` makes it
     (same inputs, seed and threads), so the inductor and Triton caches of this job's scratch
     folder hold what a later timing job loads instead of compiling (kforge/verifier/compile_cache.py)."""
-    from kforge.verifier.checked import CheckedTiming
     from kforge.verifier.timing import pin_cpu
-    from kforge.verifier.worker import Phases, build_models
+    from kforge.verifier.worker import Phases
 
     device, seed = job["device"], job["model_seed"]
     if device == "cpu":
         pin_cpu(job.get("threads"))
     phases = Phases()
     try:
-        problem = load_case_problem(Path(job["problem_path"]), job["preset"], job.get("sizes"))
-        with torch.no_grad():
-            checked = CheckedTiming.prepare(problem, build_models(problem, None, seed, device)[0], seed,
-                                            device, job["reps"], job.get("tol"))
+        problem, checked = prepare_reference(job)
         phases.mark("prepare")
         compile_reference(problem, seed, device, checked.plan.buffers[0])
         phases.mark("compile_baseline")
@@ -299,7 +309,6 @@ def run_profile(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> No
     (``handshake.py``)."""
     import os
 
-    from kforge.verifier.checked import CheckedTiming
     from kforge.verifier.handshake import worker_clock
     from kforge.verifier.timing import (
         _host_probe,
@@ -315,10 +324,7 @@ def run_profile(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> No
     seed = job["model_seed"]
     phases = Phases()
     try:
-        problem = load_case_problem(Path(job["problem_path"]), job["preset"], job.get("sizes"))
-        with torch.no_grad():
-            checked = CheckedTiming.prepare(problem, build_models(problem, None, seed, device)[0], seed,
-                                            device, job["reps"], job.get("tol"))
+        problem, checked = prepare_reference(job)
     except Exception as exc:  # noqa: BLE001 - the problem's own code failed: not the candidate's
         fail("harness_error", exc)
     phases.mark("prepare")

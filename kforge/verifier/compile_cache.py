@@ -75,7 +75,11 @@ def warm(problem_path: Path, *, platform: str, dest: Path, preset: str, sizes: d
         shutil.rmtree(staging, ignore_errors=True)
         detail = f"{out.reason.value}: {out.detail}" if out.reason else "no answer from the worker"
         return {**result, "detail": detail[:1000], "seconds": round(time.monotonic() - start, 3)}
-    manifest = manifest_of(staging)
+    try:
+        manifest = manifest_of(staging)  # a link kept from the worker's caches is refused here
+    except ValueError as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        return {**result, "detail": f"caches not kept: {err}", "seconds": round(time.monotonic() - start, 3)}
     shutil.rmtree(dest, ignore_errors=True)
     staging.rename(dest)
     return {**result, "ok": True, "detail": "", "folder": str(dest), "manifest": manifest, "files": len(manifest),

@@ -135,7 +135,7 @@ def run_job(
         if keep_to is not None:
             for name in CACHE_DIRS:
                 if (scratch / name).is_dir():
-                    shutil.copytree(scratch / name, keep_to / name, symlinks=False, dirs_exist_ok=True,
+                    shutil.copytree(scratch / name, keep_to / name, symlinks=True, dirs_exist_ok=True,
                                     ignore=shutil.ignore_patterns(*CACHE_SKIP))
         return outcome
     finally:

@@ -84,3 +84,25 @@ def test_a_warmed_compile_is_found_by_the_timing_job(tmp_path: Path) -> None:
                              build_dir=tmp_path / "build", policy="strict", compile_cache=seed)
     assert prof.ok and prof.compiled is not None
     assert prof.extra["compile_cache"] == f"hit: {result['files']} files"
+
+
+def test_warm_keeps_nothing_when_the_caches_hold_a_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A link among the worker's caches (kept as a link, never followed) fails the warm job with
+    its reason; no folder is left for a timing job to plant."""
+    from types import SimpleNamespace
+
+    import kforge.verifier.compile_cache as compile_cache
+
+    def fake_run_job(job: dict, *, keep_to: Path, **_: object) -> SimpleNamespace:
+        _cache(keep_to)
+        os.symlink("/etc/hostname", keep_to / "triton" / "k" / "link")
+        frame = SimpleNamespace(header={"kind": "compile_cache", "phase_s": {}})
+        return SimpleNamespace(reason=None, detail="", frames=[frame])
+
+    monkeypatch.setattr(compile_cache, "run_job", fake_run_job)
+    dest = tmp_path / "cache"
+    result = warm(SCALE_TANH, platform="cpu", dest=dest, preset="ci", sizes=None, build_dir=tmp_path / "build",
+                  reps=5, threads=1, tol=1e-4)
+    assert not result["ok"] and "not a plain file" in result["detail"]
+    assert not dest.exists() and list(tmp_path.glob("cache.tmp-*")) == []
+    assert seed_from_record(result) is None
