@@ -10,6 +10,7 @@
 #   gputests          pytest -m gpu for the verifier's and the platforms' GPU rows (4 files at once)
 #   pytest:FILE       pytest -m gpu FILE alone (output kept, -s: what the test prints); with
 #                     KFORGE_SESSION_STOP_ON_FAIL set, a failing FILE ends the call there
+# KFORGE_SNAKEMAKE_ARGS goes to every pipeline's snakemake (e.g. --prioritize TARGETS...).
 #   baselines         benchmarks/baselines.py --preset full --device cuda for starter, level1, level2
 # Each phase is skipped once done (markers in .h200-state/, which survives while the device
 # machine stays warm, or comes back as a carried folder). SECONDS bounds the whole call; each
@@ -40,14 +41,18 @@ run_pipeline() {  # $1: marker name, $2: config file, $3: output folder
   if [ -f "$state/$name.tgz" ] && [ ! -f "$state/$name.unpacked" ]; then
     rm -rf artifacts .snakemake/metadata && tar xzf "$state/$name.tgz" && touch "$state/$name.unpacked"
   fi
-  GPU_PIPELINE_TIMEOUT=$(( $(left) - 40 )) bash scripts/gpu_pipeline.sh "$wheels" "$config" "$dest"
+  GPU_PIPELINE_TIMEOUT=$(( $(left) - 40 )) bash scripts/gpu_pipeline.sh "$wheels" "$config" "$dest" ${KFORGE_SNAKEMAKE_ARGS:-}
   rc=$?
   [ $rc -ne 124 ] && [ $rc -ne 137 ] && touch "$state/$name.done"  # finished, failed jobs or not
   echo "$name exit $rc" | tee -a "$out/session.txt"
   # ninja's logs of the CUDA extension builds: did a verify worker rebuild what compile built?
   find artifacts/build -name .ninja_log -print0 2>/dev/null | tar czf "$dest/ninja_logs.tgz" --null -T - 2>/dev/null
-  # the run's state, small enough to carry back into a cold machine
-  tar czf "$state/$name.tgz" --exclude='artifacts/build' artifacts .snakemake/metadata 2>/dev/null
+  # the run's state, small enough to carry back into a cold machine: no build folders but the
+  # warm jobs' compile caches (a few hundred KB a problem), which the timing jobs would
+  # otherwise recompile cold (~10 s each, with the GPU held)
+  tar cf "$state/$name.tar" --exclude='artifacts/build' artifacts .snakemake/metadata 2>/dev/null
+  [ -d artifacts/build/compile_cache ] && tar rf "$state/$name.tar" artifacts/build/compile_cache
+  gzip -f "$state/$name.tar" && mv "$state/$name.tar.gz" "$state/$name.tgz"
   cp "$state/$name.tgz" "$out/state_$name.tgz"
   if [ -f "$state/$name.done" ]; then rm -rf artifacts .snakemake/metadata; fi  # the next policy starts clean
 }
