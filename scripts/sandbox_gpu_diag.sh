@@ -18,9 +18,11 @@ ro="python3 -I $PWD/kforge/verifier/ro_mounts.py $scratch --"
 caps="setpriv --bounding-set -all --inh-caps -all --no-new-privs --"
 ns="unshare --net --pid --fork --kill-child --mount --mount-proc"
 probe="python3 $here/probe.py"
+# RO_NEW: another ro_mounts.py to try (a candidate fix), as "new" and "new+caps"
+new="python3 -I ${RO_NEW:-$PWD/kforge/verifier/ro_mounts.py} $scratch --"
 {
   grep -E ' /dev' /proc/self/mountinfo; ls -ld /dev/nvidia* /dev/shm
-  for v in plain ro caps ro+caps ro-but-dev ro-but-dev+caps; do
+  for v in plain ro caps ro+caps ro-but-dev ro-but-dev+caps new new+caps; do
     case $v in
       plain) cmd="$ns $probe" ;;
       ro) cmd="$ns $ro $probe" ;;
@@ -28,6 +30,8 @@ probe="python3 $here/probe.py"
       ro+caps) cmd="$ns $ro $caps $probe" ;;
       ro-but-dev) cmd="$ns $ro $here/rw_dev.sh $probe" ;;
       ro-but-dev+caps) cmd="$ns $ro $here/rw_dev.sh $caps $probe" ;;
+      new) cmd="$ns $new $probe" ;;
+      new+caps) cmd="$ns $new $caps $probe" ;;
     esac
     echo "== $v"; timeout 60 $cmd 2>&1 | tail -2
   done
