@@ -2,7 +2,7 @@
 # GPU smoke test of the read-only unshare sandbox (the GPU host has no bwrap), as root:
 #   PYTHONPATH=<site with pydantic>:$PWD scripts/sandbox_gpu_smoke.sh OUT_DIR
 # CUDA and Triton must work inside it and writes outside the scratch must fail (EROFS); exit 0
-# only if all of that holds. Not yet run on a GPU (2026-12-06: no device machine could be had).
+# only if all of that holds. Its first run (2026-12-06, H200) failed: CUDA error 304 under a read-only /proc.
 set -u
 out=$1
 scratch=$(mktemp -d /var/tmp/scr.XXXX)

@@ -12,6 +12,15 @@ drops every capability (``setpriv --bounding-set -all``) so the worker cannot mo
 writable again. Device nodes stay usable (a read-only mount does not stop writes to /dev/nvidia*).
 If any mount point stays writable it exits with status 97 and says which, before the worker
 runs: a candidate never runs with a writable root.
+
+One exception: ``/proc``, the namespace's own procfs (``unshare --mount-proc``), stays writable,
+because a process names its threads through it (``pthread_setname_np`` on another thread writes
+``/proc/self/task/TID/comm``) and CUDA's initialisation fails with error 304 ("OS call failed")
+when it cannot: found on the H200 host, where every GPU job failed under a read-only /proc. What
+in /proc reaches beyond the sandbox's own processes (``/proc/sys``, ``/proc/sysrq-trigger``,
+``/proc/irq``, ``/proc/bus``, ``/proc/fs``: the host's sysctls and the SysRq trigger, which a root
+without capabilities could still write by file mode) is bound onto itself and made read-only
+like every other mount, as container runtimes do.
 """
 
 from __future__ import annotations
@@ -62,15 +71,23 @@ def _mount(libc: ctypes.CDLL, source: str | None, target: str, flags: int) -> in
     return 0 if rc == 0 else ctypes.get_errno()
 
 
+PROC = "/proc"
+PROC_HOST_WIDE = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+
+
 def lock_down(scratch: str) -> list[str]:
-    """Make everything but ``scratch`` read-only; the mount points that are still writable."""
+    """Make everything but ``scratch`` and ``/proc`` (less its host-wide parts) read-only; the
+    mount points that are still writable."""
     libc = ctypes.CDLL(None, use_errno=True)
     if _mount(libc, None, "/", MS_REC | 0x40000):  # MS_PRIVATE: nothing leaks out of this namespace
         return ["/ (could not make the mount tree private)"]
     if err := _mount(libc, scratch, scratch, MS_BIND | MS_REC):
         return [f"{scratch} (bind: {os.strerror(err)})"]
+    for part in PROC_HOST_WIDE:  # own mount points now: the read-only pass below takes them
+        if os.path.exists(part) and (err := _mount(libc, part, part, MS_BIND | MS_REC)):
+            return [f"{part} (bind: {os.strerror(err)})"]
     inside = scratch.rstrip("/") + "/"
-    points = [(p, f) for p, f in mount_points() if p != scratch and not p.startswith(inside)]
+    points = [(p, f) for p, f in mount_points() if p not in (scratch, PROC) and not p.startswith(inside)]
     for point, flags in points:
         _mount(libc, None, point, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
     writable = []

@@ -5,7 +5,8 @@ Layers, strongest available first (the chosen combination is recorded as ``mode`
     isolation   bwrap   read-only root, private /tmp, scratch bound read-write, no network,
                         own PID namespace (escaped grandchildren die with it), die-with-parent
                 unshare  util-linux unshare (root only): no network, own PID and mount namespace,
-                        every mount read-only but the scratch (ro_mounts.py), no capabilities
+                        every mount read-only but the scratch and its own /proc
+                        (ro_mounts.py), no capabilities
                 setsid   own session / process group only
     limits      cgroup   pids.max (holds as root) + memory cap + kill-by-group
                 uid      drop to nobody with RLIMIT_NPROC (root without cgroups)

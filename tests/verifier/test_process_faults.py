@@ -243,6 +243,20 @@ print(attempt(os.environ['OUTSIDE']))
 print(attempt('scratch-file'))
 print(subprocess.run(['mount', '-o', 'remount,rw', '/'], capture_output=True).returncode != 0)
 print(os.getcwd() == os.environ['SCRATCH'])
+def opened_for_writing(path):  # opened and closed, nothing written (never trigger a SysRq)
+    try:
+        os.close(os.open(path, os.O_WRONLY))
+        return 'opened'
+    except OSError as err:
+        return errno.errorcode[err.errno]
+print(opened_for_writing('/proc/sysrq-trigger'), opened_for_writing('/proc/sys/vm/drop_caches'))
+import ctypes, threading
+done = threading.Event()
+thread = threading.Thread(target=done.wait)
+thread.start()
+print(ctypes.CDLL(None).pthread_setname_np(ctypes.c_ulong(thread.ident), b'named'))
+done.set()
+thread.join()
 """
 
 
@@ -250,8 +264,8 @@ print(os.getcwd() == os.environ['SCRATCH'])
 def test_unshare_fallback_keeps_the_filesystem_read_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                          cgroups: bool) -> None:
     """Without bwrap, root's `unshare` sandbox remounts everything read-only but the scratch and
-    drops every capability: no write outside the scratch, no remount (a real hole before:
-    /etc/passwd and the checkout were writable)."""
+    its own /proc and drops every capability: no write outside the scratch, no remount (a real
+    hole before: /etc/passwd and the checkout were writable), no sysctl."""
     if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("setpriv"):
         pytest.skip("the unshare sandbox is root-only and needs util-linux's unshare and setpriv")
     import kforge.verifier.sandbox as sandbox
@@ -270,3 +284,8 @@ def test_unshare_fallback_keeps_the_filesystem_read_only(tmp_path: Path, monkeyp
     lines = r.stdout.split("\n")
     assert lines[0] == ("EROFS" if cgroups else "EACCES") and lines[1:4] == ["wrote", "True", "True"]
     assert outside.read_text() == "kept" and (scratch / "scratch-file").read_text() == "pwned"
+    # /proc stays writable for the sandbox's own threads (CUDA names its threads: error 304 on a
+    # read-only /proc), never for the host's sysctls or the SysRq trigger
+    sysrq, sysctl = lines[4].split()
+    assert sysrq in {"EROFS", "EACCES", "ENOENT"} and sysctl in {"EROFS", "EACCES"}, r.stdout
+    assert lines[5] == "0", r.stdout  # pthread_setname_np on another thread succeeded
