@@ -13,12 +13,14 @@ writable again. Device nodes stay usable (a read-only mount does not stop writes
 If any mount point stays writable it exits with status 97 and says which, before the worker
 runs: a candidate never runs with a writable root.
 
-One exception: ``/proc``, the namespace's own procfs (``unshare --mount-proc``), stays writable,
-because a process names its threads through it (``pthread_setname_np`` on another thread writes
-``/proc/self/task/TID/comm``) and CUDA's initialisation fails with error 304 ("OS call failed")
-when it cannot: found on the H200 host, where every GPU job failed under a read-only /proc. What
+One exception: ``/proc``, the namespace's own procfs (``unshare --mount-proc``), stays writable.
+With every mount read-only, CUDA's initialisation failed with error 304 ("OS call failed") in
+every sandboxed job on the H200 and H100 hosts, and a read-only /proc stops a process naming its
+threads (``pthread_setname_np`` on another thread writes ``/proc/self/task/TID/comm``), which the
+CUDA runtime does for its helper threads: the likely cause (not yet confirmed on a GPU). What
 in /proc reaches beyond the sandbox's own processes (``/proc/sys``, ``/proc/sysrq-trigger``,
-``/proc/irq``, ``/proc/bus``, ``/proc/fs``: the host's sysctls and the SysRq trigger, which a root
+``/proc/irq``, ``/proc/bus``, ``/proc/fs``, ``/proc/acpi``, ``/proc/scsi``,
+``/proc/latency_stats``: the host's sysctls and the SysRq trigger, which a root
 without capabilities could still write by file mode) is bound onto itself and made read-only
 like every other mount, as container runtimes do.
 """
@@ -72,7 +74,8 @@ def _mount(libc: ctypes.CDLL, source: str | None, target: str, flags: int) -> in
 
 
 PROC = "/proc"
-PROC_HOST_WIDE = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+PROC_HOST_WIDE = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "/proc/acpi",
+                  "/proc/scsi", "/proc/latency_stats")
 
 
 def lock_down(scratch: str) -> list[str]:
