@@ -284,8 +284,8 @@ def test_unshare_fallback_keeps_the_filesystem_read_only(tmp_path: Path, monkeyp
     lines = r.stdout.split("\n")
     assert lines[0] == ("EROFS" if cgroups else "EACCES") and lines[1:4] == ["wrote", "True", "True"]
     assert outside.read_text() == "kept" and (scratch / "scratch-file").read_text() == "pwned"
-    # /proc stays writable for the sandbox's own threads (CUDA names its threads: error 304 on a
-    # read-only /proc), never for the host's sysctls or the SysRq trigger
+    # /proc stays writable for the sandbox's own threads (a read-only /proc stops thread naming:
+    # the likely cause of CUDA's error 304 there), never for the host's sysctls or the SysRq trigger
     sysrq, sysctl = lines[4].split()
     assert sysrq in {"EROFS", "EACCES", "ENOENT"} and sysctl in {"EROFS", "EACCES"}, r.stdout
     assert lines[5] == "0", r.stdout  # pthread_setname_np on another thread succeeded
