@@ -10,8 +10,8 @@
 #   gputests          pytest -m gpu for the verifier's and the platforms' GPU rows (4 files at once)
 #   pytest:FILE       pytest -m gpu FILE alone (output kept, -s: what the test prints); with
 #                     KFORGE_SESSION_STOP_ON_FAIL set, a failing FILE ends the call there
-# KFORGE_SNAKEMAKE_ARGS goes to every pipeline's snakemake (e.g. --prioritize TARGETS...).
 #   baselines         benchmarks/baselines.py --preset full --device cuda for starter, level1, level2
+# KFORGE_SNAKEMAKE_ARGS goes to every pipeline's snakemake (e.g. --prioritize TARGETS...).
 # Each phase is skipped once done (markers in .h200-state/, which survives while the device
 # machine stays warm, or comes back as a carried folder). SECONDS bounds the whole call; each
 # phase gets what is left, less a reserve for packing up.

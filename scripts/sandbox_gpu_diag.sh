@@ -19,10 +19,11 @@ caps="setpriv --bounding-set -all --inh-caps -all --no-new-privs --"
 ns="unshare --net --pid --fork --kill-child --mount --mount-proc"
 probe="python3 $here/probe.py"
 # RO_NEW: another ro_mounts.py to try (a candidate fix), as "new" and "new+caps"
-new="python3 -I ${RO_NEW:-$PWD/kforge/verifier/ro_mounts.py} $scratch --"
+new="python3 -I ${RO_NEW:-} $scratch --"
+variants="plain ro caps ro+caps ro-but-dev ro-but-dev+caps${RO_NEW:+ new new+caps}"
 {
   grep -E ' /dev' /proc/self/mountinfo; ls -ld /dev/nvidia* /dev/shm
-  for v in plain ro caps ro+caps ro-but-dev ro-but-dev+caps new new+caps; do
+  for v in $variants; do
     case $v in
       plain) cmd="$ns $probe" ;;
       ro) cmd="$ns $ro $probe" ;;
