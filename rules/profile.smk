@@ -1,3 +1,11 @@
+def profile_threads(wildcards):
+    """A GPU profile takes 1/8 of the cores (its timing is guarded by the device's lease); a
+    CPU profile that times the baselines owns the machine (see the profile rule)."""
+    if wildcards.platform in ("triton", "cuda"):
+        return max(1, workflow.cores // 8)
+    return workflow.cores if PLAN.profile_baselines else 1
+
+
 rule peaks:
     """The device's copy bandwidth and matmul rates, measured once per host with the machine
     to itself: the roofline check of every profile rests on them."""
@@ -32,10 +40,13 @@ rule warm:
 
 
 rule profile:
-    """Time and profile a verified candidate: evidence for the analysis agent. It shares the
-    machine with other jobs (the report's numbers come from `select`, which does not), except
-    in a run without optimization rounds: there it times eager and torch.compile too, owns the
-    machine, and select reports its numbers (kforge/stages/profile.py)."""
+    """Time and profile a verified candidate: evidence for the analysis agent (the report's
+    numbers come from `select`), except in a run without optimization rounds: there it times
+    eager and torch.compile too and select reports its numbers (kforge/stages/profile.py).
+    On a GPU the timing holds the device's lease (kforge/verifier/device_lease.py): other GPU
+    jobs share the device while a profile starts and prepares, never while it times, so a few
+    profiles run at once. On the CPU, where the timing needs the cores too, a profile with
+    baselines owns the machine."""
     input:
         kernel=f"{RUN}/r{{r}}/kernel.py",
         verified=f"{RUN}/r{{r}}/verify.json",
@@ -49,9 +60,7 @@ rule profile:
         suite=lambda w: PLAN.suite_digest(w.suite),
         baselines=PLAN.profile_baselines,
         warm=lambda w, input: f"--warm-record {input.warm[0]}" if input.warm else "",
-    threads: workflow.cores if PLAN.profile_baselines else 1
-    resources:
-        gpu=lambda w: 1 if w.platform in ("triton", "cuda") else 0,
+    threads: profile_threads
     log:
         f"{RUN}/r{{r}}/profile.log",
     wildcard_constraints:

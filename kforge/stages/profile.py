@@ -37,7 +37,8 @@ def host_peaks(ctx: StageContext, device: str, *, fresh: bool = False):  # type:
 def with_baselines(config: Config) -> bool:
     """Whether this run's profiles time eager and torch.compile beside the candidate (see the
     module docstring): only when no optimization round will choose among timed rounds. Such a
-    profile owns the machine, as select does (rules/profile.smk)."""
+    profile times with the device to itself (the lease, kforge/verifier/device_lease.py) and on
+    the CPU owns the machine, as select does (rules/profile.smk)."""
     return config.rounds.optimization == 0
 
 

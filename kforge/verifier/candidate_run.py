@@ -342,7 +342,8 @@ def run_profile(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> No
             compiled = None
             extra["compile_error"] = f"{type(exc).__name__}: {exc}"[:500]
         phases.mark("compile_baseline")
-    clock = worker_clock(os.environ)  # GPU: untested on a GPU
+    # the device to itself (device_lease.py) before the first candidate code runs
+    clock = worker_clock(os.environ, gate=bool(job.get("gate")))
     extra["parent_clock"] = clock is not None
     module, integrity, _ = _import_candidate(job, fail, finish)
     phases.mark("import_candidate")

@@ -1,6 +1,6 @@
 """torch.compile's baseline, compiled off the critical path.
 
-A timing job owns the machine (GPU and cores), and compiling the reference with inductor was
+A timing job owns the machine (the CPU's cores; a GPU through its lease, device_lease.py), and compiling the reference with inductor was
 most of it: ~18 s of a 20 s profile on the CPU host. So a trusted job with no candidate in it
 (:func:`warm`) compiles the reference exactly as the timing worker does and keeps its inductor
 and Triton caches in a folder, with a manifest (the SHA-256 of every file). A timing job then

@@ -6,6 +6,12 @@
        k calls of fn (its own clock around them)
     ── DONE(fn, rep, claimed ns) ──── pipe ────────> stop clock, read the worker's CPU time
 
+Before anything is clocked, a profile's worker sends GATE and sleeps until the parent answers:
+the parent holds the device's lease shared and trades it for the whole device then
+(``device_lease.py``), so no other job's GPU work runs while this one imports its candidate and
+times it; the time it waited (``CallTimer.waited_s``) is not the worker's (the sandbox's
+timeout skips it).
+
 The worker waits for GO by spinning on a shared-memory word (a memfd the parent maps and the
 worker maps read-only), not on a pipe: a wait made of system calls slows the call that follows
 it (measured on the 2-core dev host: 200 failed non-blocking reads before a ~0.15 ms call made
@@ -51,7 +57,7 @@ from typing import Any
 MSG = struct.Struct("<BBxxIQ")  # kind, callable index, rep, value (TICK: batch k; DONE: claimed ns)
 WORD = struct.Struct("<QI")  # parent -> worker, in shared memory: sequence number, value (GO: k; SIZE: k)
 HUNG_UP = 12  # offset of the parent's "gone" flag in the shared page
-TICK, DONE = 1, 2
+TICK, DONE, GATE = 1, 2, 3  # GATE: the worker waits for the device to itself (device_lease.py)
 PROBE = 0xFFFFFFFF  # the rep of a callable's sizing calls (the first PROBES, one call each)
 PROBES = 3  # sizing calls per callable: the batch follows the fastest (a first call can stall)
 BATCH_NS = 2_000_000  # a batch lasts at least this long (its handshake's cost spread over k calls)
@@ -96,6 +102,20 @@ class CallTimer:
     errors: list[str] = field(default_factory=list)
     sizes: dict[str, int] = field(default_factory=dict)  # the batch the parent set per callable
     cpu_source: str = ""
+    # called (in the serving thread) when the worker asks for the device to itself, before any
+    # candidate code runs; it blocks until granted (``runner.run_job`` sets it to the lease's
+    # ``exclusive``); None: granted at once
+    on_gate: Callable[[], object] | None = None
+    _gate: tuple[float, float] | None = None  # (asked, granted) on the monotonic clock
+
+    @property
+    def waited_s(self) -> float:
+        """Seconds the worker has waited at the gate (still counting while it waits): the
+        sandbox's timeout does not count them."""
+        if self._gate is None:
+            return 0.0
+        asked, granted = self._gate
+        return (granted or time.monotonic()) - asked
 
     def __post_init__(self) -> None:
         self._up_r, self._up_w = os.pipe()  # worker -> parent
@@ -166,7 +186,16 @@ class CallTimer:
             if data is None:
                 return
             kind, index, rep, value = MSG.unpack(data)
-            if kind == TICK and pending is None and index < len(NAMES):
+            if kind == GATE and self._gate is None and not self.calls and pending is None:
+                self._gate = (time.monotonic(), 0.0)
+                if self.on_gate is not None:
+                    self.on_gate()
+                self._gate = (self._gate[0], time.monotonic())
+                try:
+                    self._say(1)
+                except (OSError, ValueError):
+                    return
+            elif kind == TICK and pending is None and index < len(NAMES):
                 name = NAMES[index]
                 probe = rep == PROBE
                 probes = sum(1 for c in self.calls if c.name == name and c.probe)
@@ -323,8 +352,10 @@ def cpu_ns(pid: int) -> int:
         return 0
 
 
-def worker_clock(env: dict[str, str] | os._Environ[str]) -> Callable[..., tuple[float, Any]] | None:
+def worker_clock(env: dict[str, str] | os._Environ[str], *, gate: bool = False) -> Callable[..., tuple[float, Any]] | None:
     """Worker side: the clock that hands every timed batch to the parent (None: no pipes).
+    ``gate``: first wait until the parent holds the device to itself (``device_lease.py``);
+    call it before any candidate code runs.
 
     ``clock(name, rep, fn, claim=None, k=1)``: fn runs the batch's k calls (the k the parent
     set at the callable's sizing call, ``clock.probe(name, fn, avail)``, which returns it).
@@ -385,6 +416,16 @@ def worker_clock(env: dict[str, str] | os._Environ[str]) -> Callable[..., tuple[
         return k, out
 
     clock.probe = probe  # type: ignore[attr-defined]
+    if gate:  # may take long (other jobs finish first): sleep between looks, do not spin
+        write(up, pack(GATE, 0, 0, 0))
+        while True:
+            seq, _ = unpack(page, 0)
+            if seq == heard[0] + 1:
+                heard[0] = seq
+                break
+            if flag(page, HUNG_UP)[0]:
+                raise EOFError("the parent's clock went away")
+            time.sleep(0.002)
     for k in range(NULL_CALLS):  # the hop noise, measured before anything else is timed
         clock("null", k, lambda: None)
     return clock

@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from kforge.verifier.device_lease import held
 from kforge.verifier.runner import import_paths, worker_env
 from kforge.verifier.sandbox import Limits, python_argv, run_sandboxed
 
@@ -75,9 +76,10 @@ def ncu_metrics(source: str, problem_path: Path, *, platform: str, preset: str, 
         argv = [ncu, "--target-processes", "all", "--clock-control", "none", "--csv", "--log-file", str(log),
                 "--launch-count", "40", "--metrics", ",".join(METRICS), *python_argv("kforge.verifier.worker_main")]
         visible = [build_dir, problem_path.parent, *(Path(p) for p in import_paths()[1:] if Path(p).is_dir())]
-        result = run_sandboxed(argv, env=worker_env(plat.worker_env(build_dir), scratch, None), scratch=scratch,
-                               stdin=json.dumps(job).encode(), limits=Limits(timeout_s=timeout_s, memory_mb=None),
-                               ro_paths=visible, gpu=True)
+        with held(True, exclusive=True):  # ncu replays kernels: nothing else on the device meanwhile
+            result = run_sandboxed(argv, env=worker_env(plat.worker_env(build_dir), scratch, None), scratch=scratch,
+                                   stdin=json.dumps(job).encode(), limits=Limits(timeout_s=timeout_s, memory_mb=None),
+                                   ro_paths=visible, gpu=True)
         if not log.is_file():
             return {"ncu": f"ncu wrote no metrics (exit {getattr(result, 'returncode', '?')})"}
         return parse_ncu_csv(log.read_text(errors="replace"))

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kforge.schema import Record
+from kforge.verifier.device_lease import held
 
 
 class Peaks(Record):
@@ -101,7 +102,6 @@ def _best_seconds(fn: object, device: str, reps: int) -> float:
 
 def measure_peaks(device: str, cache_dir: Path) -> Peaks:
     """Best-of-N copy GB/s and fp32 matmul GFLOP/s; measured once per host and device."""
-    import torch
 
     name = device_name(device)
     host = socket.gethostname()
@@ -112,6 +112,18 @@ def measure_peaks(device: str, cache_dir: Path) -> Peaks:
             return Peaks.model_validate_json(path.read_text())
         except ValueError:
             path.unlink(missing_ok=True)
+    with held(device == "cuda", exclusive=True):  # rates measured with the device to itself
+        peaks = _measure(device, host, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(peaks.model_dump(), indent=1))
+    os.replace(tmp, path)
+    return peaks
+
+
+def _measure(device: str, host: str, name: str) -> Peaks:
+    import torch
+
     n_copy = (256 if device == "cuda" else 32) * 1024 * 1024 // 4
     src = torch.ones(n_copy, device=device)
     dst = torch.empty_like(src)
@@ -139,8 +151,4 @@ def measure_peaks(device: str, cache_dir: Path) -> Peaks:
                   cache_copy_gbps=2 * n_small * 4 / small_s / 1e9, read_gbps=n_copy * 4 / read_s / 1e9,
                   rated_gbps=rated_dram_gbps(torch.cuda.current_device()) if device == "cuda" else 0.0,
                   tf32_gflops=tf32, bf16_gflops=bf16, measured_at=datetime.now(UTC).isoformat(timespec="seconds"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(peaks.model_dump(), indent=1))
-    os.replace(tmp, path)
     return peaks

@@ -133,7 +133,7 @@ def _profile_once(
            "device": device, "model_seed": MODEL_SEED, "baselines": baselines,
            "compile_baseline": compile_baseline, "warmup": warmup,
            "reps": reps, "threads": threads, "tol": TOLERANCES[policy] if policy else None,
-           "batch_ns": batch_ns}
+           "batch_ns": batch_ns, "gate": parent_clock}
     clocks_before = read_clocks() if device == "cuda" else {"clock_telemetry": "unavailable",
                                                              "why": "no GPU clocks on a CPU platform"}
     # ``parent_clock=False`` (benchmarks/verify_cpu_clock.py only) times in the worker alone
@@ -144,6 +144,8 @@ def _profile_once(
                   candidate_source=source, ro_paths=[build, problem_path.parent], companion=timer,
                   seed=compile_cache)
     extra: dict[str, object] = {"sandbox": out.mode, **clocks_before, "seconds": time.monotonic() - start}
+    if timer is not None:  # waiting for the device to itself (device_lease.py)
+        extra["device_wait_s"] = round(timer.waited_s, 3)
     if compile_cache is not None:
         extra["compile_cache"] = compile_cache.status
     if device == "cuda":

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kforge.verifier.device_lease import held
 from kforge.verifier.protocol import Frame, ProtocolError, decode_frames
 from kforge.verifier.reasons import Reason
 from kforge.verifier.sandbox import Companion, Limits, SandboxResult, python_argv, run_sandboxed
@@ -128,8 +129,11 @@ def run_job(
         # be bound read-only to stay visible.
         visible = [*(ro_paths or []), *(Path(p) for p in import_paths() if Path(p).is_dir())]
         argv = [*(argv_prefix(scratch) if argv_prefix else []), *python_argv("kforge.verifier.worker_main")]
-        result = run_sandboxed(argv, env=env, scratch=scratch, stdin=payload, limits=limits,
-                               ro_paths=visible, gpu=gpu, companion=companion)
+        with held(gpu) as lease:  # the device's lease (device_lease.py): shared; a timing job's
+            if lease is not None and companion is not None and hasattr(companion, "on_gate"):
+                companion.on_gate = lease.exclusive  # worker asks for the device to itself
+            result = run_sandboxed(argv, env=env, scratch=scratch, stdin=payload, limits=limits,
+                                   ro_paths=visible, gpu=gpu, companion=companion)
         outcome = interpret(result, nonce, scratch)
         outcome.files = {name: _read_capped(scratch / name) for name in collect}
         if keep_to is not None:

@@ -247,7 +247,8 @@ def run_sandboxed(argv: list[str], *, env: dict[str, str], scratch: Path, stdin:
     while True:
         if proc.poll() is not None:
             break
-        if flood.is_set() or time.monotonic() > deadline:
+        # time the worker spent waiting for the device to itself is not its own (device_lease.py)
+        if flood.is_set() or time.monotonic() > deadline + float(getattr(companion, "waited_s", 0.0)):
             timed_out = not flood.is_set()
             break
         time.sleep(0.01)
