@@ -2,7 +2,8 @@
 # GPU smoke test of the read-only unshare sandbox (the GPU host has no bwrap), as root:
 #   PYTHONPATH=<site with pydantic>:$PWD scripts/sandbox_gpu_smoke.sh OUT_DIR
 # CUDA and Triton must work inside it and writes outside the scratch must fail (EROFS); exit 0
-# only if all of that holds. Its first run (2026-12-06, H200) failed: CUDA error 304 under a read-only /proc.
+# only if all of that holds. Its first run (2026-12-06, H200) failed: CUDA error 304 under a read-only /proc;
+# with /proc fixed (H100) CUDA and Triton worked but CUDA IPC did not (a read-only /dev/shm).
 set -u
 out=$1
 scratch=$(mktemp -d /var/tmp/scr.XXXX)
@@ -21,6 +22,14 @@ def attempt(p):
         return errno.errorcode[e.errno]
 a = torch.randn(1024, 1024, device='cuda'); b = (a @ a).sum().item()
 print('cuda ok', torch.cuda.get_device_name(), b == b)
+# CUDA IPC as the verifier's judge uses it (its reference-count files go to /dev/shm): a second
+# process in the sandbox opens the tensor and sums it
+import json, subprocess, sys
+from kforge.verifier.gpu_compare import export_cuda
+got = subprocess.run([sys.executable, '-c', 'import json, sys; from kforge.verifier.gpu_compare import import_cuda; '
+                      'print(float(import_cuda(json.loads(sys.argv[1])).sum()))', json.dumps(export_cuda(a))],
+                     capture_output=True, text=True)
+print('ipc', 'ok' if got.returncode == 0 and abs(float(got.stdout.split()[-1]) - a.sum().item()) < 1e-2 * abs(a.sum().item()) + 1 else got.stderr[-500:])
 import triton, triton.language as tl
 @triton.jit
 def k(x, n: tl.constexpr):
@@ -31,11 +40,12 @@ print('outside', attempt({outside!r}), 'etc', attempt('/etc/kforge-probe'), 'scr
 """
 env = {k: v for k, v in os.environ.items() if k in ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "PYTHONPATH")}
 env.update(HOME=str(scratch), TMPDIR=str(scratch), TRITON_CACHE_DIR=str(scratch / "triton"))
-r = run_sandboxed([sys.executable, "-c", probe], env=env, scratch=scratch, stdin=b"", gpu=True,
+(scratch / "probe.py").write_text(probe)  # Triton's @jit reads its function's source from a file
+r = run_sandboxed([sys.executable, str(scratch / "probe.py")], env=env, scratch=scratch, stdin=b"", gpu=True,
                   limits=Limits(timeout_s=120))
 print("mode", r.mode, "rc", r.returncode, "seconds", round(r.seconds, 1))
 print(r.stdout[-2000:]); print(r.stderr[-3000:])
-ok = ("cuda ok" in r.stdout and "triton ok 256.0" in r.stdout
+ok = ("cuda ok" in r.stdout and "ipc ok" in r.stdout and "triton ok 256.0" in r.stdout
       and "outside EROFS etc EROFS scratch wrote" in r.stdout)
 print("SMOKE", "PASS" if ok else "FAIL")
 sys.exit(0 if ok else 1)

@@ -22,7 +22,14 @@ in /proc reaches beyond the sandbox's own processes (``/proc/sys``, ``/proc/sysr
 ``/proc/irq``, ``/proc/bus``, ``/proc/fs``, ``/proc/acpi``, ``/proc/scsi``,
 ``/proc/latency_stats``: the host's sysctls and the SysRq trigger, which a root
 without capabilities could still write by file mode) is bound onto itself and made read-only
-like every other mount, as container runtimes do.
+like every other mount, as container runtimes do. (Confirmed on the H100 on 2026-12-06: CUDA and
+Triton work inside, scripts/sandbox_gpu_smoke.sh.)
+
+``/dev/shm`` is a private tmpfs (1 GB, nosuid, nodev, noexec), empty and writable: torch's CUDA IPC,
+which hands the candidate's outputs to the judge (``gpu_compare.py``, both in the sandbox),
+creates its reference-count files there, and with the host's /dev/shm read-only every GPU
+verification failed at its first shared tensor (H100, 2026-12-06). Nothing written there
+outlives the sandbox or reaches the host.
 """
 
 from __future__ import annotations
@@ -74,6 +81,8 @@ def _mount(libc: ctypes.CDLL, source: str | None, target: str, flags: int) -> in
 
 
 PROC = "/proc"
+SHM = "/dev/shm"
+SHM_OPTIONS = b"size=1g,mode=1777"
 PROC_HOST_WIDE = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "/proc/acpi",
                   "/proc/scsi", "/proc/latency_stats")
 
@@ -89,8 +98,13 @@ def lock_down(scratch: str) -> list[str]:
     for part in PROC_HOST_WIDE:  # own mount points now: the read-only pass below takes them
         if os.path.exists(part) and (err := _mount(libc, part, part, MS_BIND | MS_REC)):
             return [f"{part} (bind: {os.strerror(err)})"]
+    # a private, empty /dev/shm: CUDA IPC (the worker's outputs to the judge, both in here) makes
+    # its reference-count files there; the host's /dev/shm is out of sight and stays untouched
+    if os.path.isdir(SHM) and libc.mount(b"tmpfs", SHM.encode(), b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                                         SHM_OPTIONS) != 0:
+        return [f"{SHM} (private tmpfs: {os.strerror(ctypes.get_errno())})"]
     inside = scratch.rstrip("/") + "/"
-    points = [(p, f) for p, f in mount_points() if p not in (scratch, PROC) and not p.startswith(inside)]
+    points = [(p, f) for p, f in mount_points() if p not in (scratch, PROC, SHM) and not p.startswith(inside)]
     for point, flags in points:
         _mount(libc, None, point, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
     writable = []

@@ -257,6 +257,7 @@ thread.start()
 print(ctypes.CDLL(None).pthread_setname_np(ctypes.c_ulong(thread.ident), b'named'))
 done.set()
 thread.join()
+print(attempt('/dev/shm/' + os.environ['SHM_NAME']))
 """
 
 
@@ -277,8 +278,10 @@ def test_unshare_fallback_keeps_the_filesystem_read_only(tmp_path: Path, monkeyp
     outside.write_text("kept")
     scratch = tmp_path / "scratch"
     scratch.mkdir()
+    shm_name = f"kforge-probe-{os.getpid()}-{tmp_path.name}"
     r = run_sandboxed([sys.executable, "-c", UNSHARE_PROBE], scratch=scratch, stdin=b"",
-                      env={"PATH": os.environ["PATH"], "OUTSIDE": str(outside), "SCRATCH": str(scratch)},
+                      env={"PATH": os.environ["PATH"], "OUTSIDE": str(outside), "SCRATCH": str(scratch),
+                           "SHM_NAME": shm_name},
                       limits=Limits(timeout_s=60))
     assert r.mode.startswith("unshare+") and r.returncode == 0, r.stderr
     lines = r.stdout.split("\n")
@@ -289,3 +292,7 @@ def test_unshare_fallback_keeps_the_filesystem_read_only(tmp_path: Path, monkeyp
     sysrq, sysctl = lines[4].split()
     assert sysrq in {"EROFS", "EACCES", "ENOENT"} and sysctl in {"EROFS", "EACCES"}, r.stdout
     assert lines[5] == "0", r.stdout  # pthread_setname_np on another thread succeeded
+    # /dev/shm is the sandbox's own (CUDA IPC to the judge writes there): writable inside, and
+    # nothing reaches the host's
+    assert lines[6] == "wrote", r.stdout
+    assert not Path("/dev/shm", shm_name).exists()
