@@ -99,6 +99,22 @@ def worker_env(extra: dict[str, str], scratch: Path, threads: int | None) -> dic
     return env
 
 
+def private_triton_cache(env: dict[str, str], scratch: Path, *, with_builds: bool) -> None:
+    """Point Triton's cache into the scratch folder. The platform names the build folder's cache
+    (where the compile stage built the candidate's kernels), which the sandbox makes read-only:
+    Triton writes there even to reuse an entry, and every GPU verification failed with EROFS
+    (H200, 2026-12-06). ``with_builds`` (a job that imports a candidate): the scratch cache starts
+    as a copy of the build's, so the kernels are not compiled again; a copy, not links, so
+    nothing the candidate writes reaches the shared cache."""
+    source = env.get("TRITON_CACHE_DIR")
+    private = scratch / "triton"
+    if source and Path(source).resolve() != private.resolve():
+        if with_builds and Path(source).is_dir():
+            shutil.copytree(source, private, symlinks=True, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns(*CACHE_SKIP))
+        env["TRITON_CACHE_DIR"] = str(private)
+
+
 def run_job(
     job: dict[str, Any], *, scratch_root: Path | None, env_extra: dict[str, str], limits: Limits,
     gpu: bool, candidate_source: str | None = None, ro_paths: list[Path] | None = None,
@@ -125,6 +141,7 @@ def run_job(
         nonce = secrets.token_bytes(16)
         payload = json.dumps(dict(job, nonce=nonce.hex())).encode()
         env = worker_env(env_extra, scratch, job.get("threads"))
+        private_triton_cache(env, scratch, with_builds=candidate_source is not None)
         # Import paths under the sandbox's private /tmp (a checkout or a wheel folder there) must
         # be bound read-only to stay visible.
         visible = [*(ro_paths or []), *(Path(p) for p in import_paths() if Path(p).is_dir())]
