@@ -83,13 +83,46 @@ def _mount(libc: ctypes.CDLL, source: str | None, target: str, flags: int) -> in
 PROC = "/proc"
 SHM = "/dev/shm"
 SHM_OPTIONS = b"size=1g,mode=1777"
+TMP = "/tmp"
+TMP_OPTIONS = b"size=4g,mode=1777"
+MNT_DETACH = 2
 PROC_HOST_WIDE = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "/proc/acpi",
                   "/proc/scsi", "/proc/latency_stats")
 
 
-def lock_down(scratch: str) -> list[str]:
-    """Make everything but ``scratch`` and ``/proc`` (less its host-wide parts) read-only; the
-    mount points that are still writable."""
+def _private_tmp(libc: ctypes.CDLL, keep: list[str]) -> list[str]:
+    """An empty tmpfs on /tmp, as bwrap's ``--tmpfs /tmp``, with the ``keep`` paths under it
+    (the scratch, read-only inputs) bound back at their own paths; problems, else []."""
+    hold = os.path.join(SHM, ".kforge-hold")  # the sandbox's own /dev/shm (mounted before)
+    held = []
+    for i, path in enumerate(keep):  # out of the way while /tmp is covered
+        spot = os.path.join(hold, str(i))
+        if os.path.isdir(path):
+            os.makedirs(spot)
+        else:
+            os.makedirs(hold, exist_ok=True)
+            open(spot, "w").close()
+        if err := _mount(libc, path, spot, MS_BIND | MS_REC):
+            return [f"{path} (hold: {os.strerror(err)})"]
+        held.append((path, spot))
+    if libc.mount(b"tmpfs", TMP.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, TMP_OPTIONS) != 0:
+        return [f"{TMP} (private tmpfs: {os.strerror(ctypes.get_errno())})"]
+    for path, spot in held:
+        if os.path.isdir(spot):
+            os.makedirs(path, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "w").close()
+        if err := _mount(libc, spot, path, MS_BIND | MS_REC):
+            return [f"{path} (bind back: {os.strerror(err)})"]
+        libc.umount2(spot.encode(), MNT_DETACH)
+    return []
+
+
+def lock_down(scratch: str, keep: list[str] | None = None) -> list[str]:
+    """Make everything but ``scratch``, a private ``/tmp`` and ``/proc`` (less its host-wide
+    parts) read-only; the mount points that are still writable. ``keep``: read-only inputs
+    under /tmp that must stay visible (bwrap's ``--ro-bind``)."""
     libc = ctypes.CDLL(None, use_errno=True)
     if _mount(libc, None, "/", MS_REC | 0x40000):  # MS_PRIVATE: nothing leaks out of this namespace
         return ["/ (could not make the mount tree private)"]
@@ -103,8 +136,13 @@ def lock_down(scratch: str) -> list[str]:
     if os.path.isdir(SHM) and libc.mount(b"tmpfs", SHM.encode(), b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
                                          SHM_OPTIONS) != 0:
         return [f"{SHM} (private tmpfs: {os.strerror(ctypes.get_errno())})"]
+    # outer paths first: a scratch inside a kept folder is bound after (over) it
+    under_tmp = sorted({p for p in [scratch, *(keep or [])] if p.startswith(TMP + "/") and os.path.exists(p)},
+                       key=lambda p: p.count("/"))
+    if os.path.isdir(TMP) and os.path.isdir(SHM) and (problems := _private_tmp(libc, under_tmp)):
+        return problems
     inside = scratch.rstrip("/") + "/"
-    points = [(p, f) for p, f in mount_points() if p not in (scratch, PROC, SHM) and not p.startswith(inside)]
+    points = [(p, f) for p, f in mount_points() if p not in (scratch, PROC, SHM, TMP) and not p.startswith(inside)]
     for point, flags in points:
         _mount(libc, None, point, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
     writable = []
@@ -118,16 +156,18 @@ def lock_down(scratch: str) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) < 4 or argv[2] != "--":
-        sys.exit("usage: ro_mounts.py SCRATCH -- COMMAND...")
+    if "--" not in argv[2:] or len(argv) < 4:
+        sys.exit("usage: ro_mounts.py SCRATCH [KEEP...] -- COMMAND...")
+    split = argv.index("--", 2)
     scratch = os.path.realpath(argv[1])
-    writable = lock_down(scratch)
+    keep = [os.path.realpath(p) for p in argv[2:split]]
+    writable = lock_down(scratch, keep)
     if writable:
         print(f"sandbox: could not make {', '.join(writable[:5])} read-only; not running the worker",
               file=sys.stderr)
         sys.exit(FAILED)
     os.chdir(scratch)
-    os.execvp(argv[3], argv[3:])
+    os.execvp(argv[split + 1], argv[split + 1:])
 
 
 if __name__ == "__main__":

@@ -167,7 +167,8 @@ def _wrap(argv: list[str], isolation: str, *, scratch: Path, ro_paths: list[Path
     if isolation == "unshare":  # root: mounts read-only but the scratch, then no capabilities left
         no_caps = ["--bounding-set", "-all", "--inh-caps", "-all", "--no-new-privs"]
         return ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc",
-                sys.executable, "-I", str(Path(__file__).with_name("ro_mounts.py")), str(scratch), "--",
+                sys.executable, "-I", str(Path(__file__).with_name("ro_mounts.py")), str(scratch),
+                *(str(p) for p in _unique([*interpreter_paths(), *ro_paths]) if p.exists()), "--",
                 "setpriv", *to_nobody, *no_caps, "--", *argv]
     tail = ["setpriv", *to_nobody, "--", *argv] if drop_uid else list(argv)
     if isolation == "bwrap":

@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -258,12 +259,13 @@ print(ctypes.CDLL(None).pthread_setname_np(ctypes.c_ulong(thread.ident), b'named
 done.set()
 thread.join()
 print(attempt('/dev/shm/' + os.environ['SHM_NAME']))
+print(attempt('/tmp/' + os.environ['SHM_NAME']))
 """
 
 
 @pytest.mark.parametrize("cgroups", [True, False])
 def test_unshare_fallback_keeps_the_filesystem_read_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         cgroups: bool) -> None:
+                                                         cgroups: bool, request: pytest.FixtureRequest) -> None:
     """Without bwrap, root's `unshare` sandbox remounts everything read-only but the scratch and
     its own /proc and drops every capability: no write outside the scratch, no remount (a real
     hole before: /etc/passwd and the checkout were writable), no sysctl."""
@@ -274,7 +276,11 @@ def test_unshare_fallback_keeps_the_filesystem_read_only(tmp_path: Path, monkeyp
     monkeypatch.setenv("KFORGE_SANDBOX", "unshare")
     if not cgroups:  # the uid drop joins the capability drop
         monkeypatch.setattr(sandbox.RunCgroup, "create", classmethod(lambda cls, **kw: None))
-    outside = tmp_path / "outside.txt"
+    # outside the scratch and outside /tmp (the sandbox's /tmp is a private tmpfs)
+    fd, name = tempfile.mkstemp(prefix="kforge-outside-", dir="/var/tmp")
+    os.close(fd)
+    outside = Path(name)
+    request.addfinalizer(lambda: outside.unlink(missing_ok=True))
     outside.write_text("kept")
     scratch = tmp_path / "scratch"
     scratch.mkdir()
@@ -296,3 +302,30 @@ def test_unshare_fallback_keeps_the_filesystem_read_only(tmp_path: Path, monkeyp
     # nothing reaches the host's
     assert lines[6] == "wrote", r.stdout
     assert not Path("/dev/shm", shm_name).exists()
+    # so is /tmp, as under bwrap (torch.compile's cache may name a path there); the scratch,
+    # which lies under /tmp here, is bound back in
+    assert lines[7] == "wrote", r.stdout
+    assert not Path("/tmp", shm_name).exists()
+
+
+NESTED_PROBE = UNSHARE_PROBE.split("print(", 1)[0] + """
+print(open(os.environ['INPUT']).read(), attempt(os.environ['INPUT']), attempt('in-scratch'))
+"""
+
+
+def test_unshare_sandbox_keeps_inputs_under_tmp_visible_and_read_only(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The unshare sandbox's /tmp is private, like bwrap's: a read-only input folder under /tmp
+    is bound back in, and a scratch folder inside that input folder stays writable."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("setpriv"):
+        pytest.skip("the unshare sandbox is root-only and needs util-linux's unshare and setpriv")
+    monkeypatch.setenv("KFORGE_SANDBOX", "unshare")
+    (tmp_path / "problem.py").write_text("input")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    r = run_sandboxed([sys.executable, "-c", NESTED_PROBE], scratch=scratch, stdin=b"", ro_paths=[tmp_path],
+                      env={"PATH": os.environ["PATH"], "INPUT": str(tmp_path / "problem.py")},
+                      limits=Limits(timeout_s=60))
+    assert r.mode.startswith("unshare+") and r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["input", "EROFS", "wrote"], r.stdout
+    assert (tmp_path / "problem.py").read_text() == "input" and (scratch / "in-scratch").read_text() == "pwned"
