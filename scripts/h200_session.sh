@@ -2,7 +2,8 @@
 # Everything the H200 runs for KForge, in phases that resume across device calls:
 #   scripts/h200_session.sh WHEELS_DIR OUT_DIR SECONDS
 # KFORGE_SESSION_PHASES picks and orders the phases (default "pipeline gputests baselines"):
-#   smoke             scripts/sandbox_gpu_smoke.sh (~20 s): CUDA and Triton inside the sandbox;
+#   smoke             scripts/sandbox_gpu_smoke.sh (~1 min): CUDA, IPC, Triton and torch.compile's
+#                     warm cache inside the sandbox;
 #                     if it fails, no later phase runs (every sandboxed GPU job would fail)
 #   pipeline          scripts/gpu_pipeline.sh over $KFORGE_SESSION_CONFIG (default configs/h200.yaml)
 #   pipeline:POLICY   the same with the config's `policy:` set to POLICY (strict, relaxed, ...);
@@ -66,7 +67,7 @@ for phase in $phases; do
       [ -f "$state/smoke.done" ] && continue
       mkdir -p "$out/smoke"
       bash scripts/sandbox_gpu_smoke.sh "$out/smoke" > /dev/null 2>&1
-      if grep -q "SMOKE PASS" "$out/smoke/sandbox_smoke.txt" 2>/dev/null; then
+      if [ "$(grep -c "^SMOKE PASS" "$out/smoke/sandbox_smoke.txt" 2>/dev/null)" = 2 ]; then  # both parts
         touch "$state/smoke.done"; echo "sandbox smoke PASS" | tee -a "$out/session.txt"
       else
         echo "sandbox smoke FAILED: no later phase runs" | tee -a "$out/session.txt"

@@ -52,4 +52,28 @@ sys.exit(0 if ok else 1)
 PY
 rc=${PIPESTATUS[0]}
 echo "outside file now: $(cat "$outside")" | tee -a "$out/sandbox_smoke.txt"
-exit $rc
+[ "$rc" -eq 0 ] || exit "$rc"
+# torch.compile's baseline as the pipeline makes it: a warm job compiles the reference in one
+# sandbox, a profile in another (another scratch path) loads it from the kept caches. On the H100
+# on 2026-12-06 the load failed inside the read-only sandbox (a write under the warm job's path).
+timeout 300 python3 - <<'PY' 2>&1 | tee -a "$out/sandbox_smoke.txt"
+import sys, tempfile
+from pathlib import Path
+sys.path.insert(0, "tests/verifier")
+from conftest import HONEST, SCALE_TANH
+from kforge.verifier.compile_cache import seed_from_record, warm
+from kforge.verifier.profiling import profile_candidate
+work = Path(tempfile.mkdtemp(prefix="kforge-smoke-"))
+got = warm(SCALE_TANH, platform="triton", dest=work / "cache", preset="ci", sizes=None, build_dir=work / "build",
+           reps=5, threads=1, tol=1e-4, timeout_s=240)
+print("warm", got["ok"], got.get("files"), got.get("detail", "")[:500])
+prof = profile_candidate(HONEST, SCALE_TANH, platform="triton", baselines=True, reps=5, build_dir=work / "build",
+                         policy="strict", compile_cache=seed_from_record(got))
+print("profile", prof.ok, prof.reason, "compiled", prof.compiled is not None, prof.extra.get("compile_cache"),
+      prof.extra.get("compile_error"), "device wait", prof.extra.get("device_wait_s"))
+ok = got["ok"] and prof.ok and prof.compiled is not None and str(prof.extra.get("compile_cache")).startswith("hit")
+print("COMPILE CACHE SMOKE", "PASS" if ok else "FAIL")
+print("SMOKE", "PASS" if ok else "FAIL")
+sys.exit(0 if ok else 1)
+PY
+exit "${PIPESTATUS[0]}"
