@@ -126,6 +126,9 @@ class Verdict(Record):
     interpreted: bool = False  # e.g. Triton under TRITON_INTERPRET=1
     device: str = "cpu"
     seconds: float = 0.0
+    # wall seconds of the sandboxed jobs, seen by the parent: "reference" (0.0: from the cache),
+    # "candidate" (the candidate's worker, with the on-device judge); the rest is static checks
+    phase_s: dict[str, float] = Field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- profiling

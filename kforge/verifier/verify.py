@@ -154,7 +154,8 @@ def run_verification(
         ref = _reference(ref_job, scratch=scratch, env=env, limits=Limits(timeout_s=max(timeout_s, 300), memory_mb=None), gpu=gpu,
                          ro_paths=ro, fresh=fresh)
         extra: dict[str, Any] = {"sandbox": ref.mode if ref.mode != "cache" else "", "device": device,
-                                 "interpreted": bool(info.interpreted), "compared_on": "device" if on_device else "host"}
+                                 "interpreted": bool(info.interpreted), "compared_on": "device" if on_device else "host",
+                                 "phase_s": {"reference": round(ref.seconds, 3)}}
         if ref.reason is not None:
             return verdict(Reason.HARNESS_ERROR, f"reference run failed: {ref.reason}: {ref.detail}", **extra)
         ref_cases = {int(f.header["index"]): f for f in ref.frames if f.header.get("kind") == "case"}
@@ -174,6 +175,7 @@ def run_verification(
         out = run_job(cand_job, scratch_root=scratch, env_extra=env, limits=limits, gpu=gpu,
                       candidate_source=source, ro_paths=ro, companion=link)
         extra["sandbox"] = out.mode
+        extra["phase_s"]["candidate"] = round(out.seconds, 3)
         notes = _notes(ref)
         if link is not None and out.reason in (None, Reason.HARNESS_ERROR, Reason.CRASHED):
             probe = link.results.get(("probe", 0))

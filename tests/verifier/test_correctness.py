@@ -25,6 +25,9 @@ def test_honest_candidate_passes_every_case() -> None:
     assert [m.rule for m in v.margins[:2]] == ["elementwise", "norm"]  # native, then a stress case
     assert v.max_margin == max(m.margin for m in v.margins) < 0.01  # type: ignore[type-var]
     assert v.preset == "ci"
+    # where the seconds went, by the parent's clock (the reference may come from its cache: 0.0)
+    assert set(v.phase_s) == {"reference", "candidate"} and 0 < v.phase_s["candidate"] <= v.seconds
+    assert v.phase_s["reference"] + v.phase_s["candidate"] <= v.seconds
 
 
 def test_a_pass_by_a_hair_shows_in_its_margin() -> None:
