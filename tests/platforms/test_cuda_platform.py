@@ -136,3 +136,42 @@ def test_concurrent_compile_jobs_in_one_build_folder_keep_their_own_files(tmp_pa
     assert not results[1].ok and '"not_declared" is undefined' in results[1].log
     objects = sorted((tmp_path / "candidates").glob("*/candidate.o"))
     assert len(objects) == 2 and {Path(r.artifact or "") for r in results if r.ok} == set(objects)
+
+
+def test_a_built_extension_loads_from_a_read_only_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the sandbox the build folder is read-only and load_inline cannot make its lock file
+    there: the extension the compile stage built (its name is the source's digest) is imported
+    directly. A writable folder still goes through load_inline (which rebuilds if needed)."""
+    import os
+    import shutil
+    import subprocess
+    import sysconfig
+
+    import kforge.platforms.cuda_runtime as rt
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build a stand-in extension")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(rt, "device_arch", lambda: "9.0")
+    flags = [*rt.DEFAULT_CUDA_FLAGS, "-gencode=arch=compute_90,code=sm_90"]
+    name = extension_name("__global__ void k() {}", "void f();", ["f"], flags, "9.0")
+    folder = tmp_path / "ext" / name
+    folder.mkdir(parents=True)
+    (tmp_path / "m.c").write_text(
+        "#include <Python.h>\n"
+        f"static struct PyModuleDef d = {{PyModuleDef_HEAD_INIT, \"{name}\", NULL, -1, NULL}};\n"
+        f"PyMODINIT_FUNC PyInit_{name}(void) {{ PyObject *m = PyModule_Create(&d);"
+        " PyModule_AddIntConstant(m, \"built\", 7); return m; }\n")
+    subprocess.run([cc, "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", str(tmp_path / "m.c"),
+                    "-o", str(folder / f"{name}.so")], check=True)
+    calls: list[str] = []
+    monkeypatch.setattr("torch.utils.cpp_extension.load_inline", lambda **kw: calls.append(kw["name"]) or "built")
+    # writable: load_inline decides (it reuses or rebuilds the folder's build)
+    assert rt.load_extension("__global__ void k() {}", "void f();", ["f"], build_root=tmp_path / "ext") == "built"
+    assert calls == [name]
+    real_access = os.access
+    monkeypatch.setattr(rt.os, "access", lambda p, mode: False if Path(p) == folder and mode == os.W_OK
+                        else real_access(p, mode))
+    module = rt.load_extension("__global__ void k() {}", "void f();", ["f"], build_root=tmp_path / "ext")
+    assert module.built == 7 and calls == [name]  # imported from the folder, load_inline not called
