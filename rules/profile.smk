@@ -1,8 +1,10 @@
 def profile_threads(wildcards):
-    """A GPU profile takes 1/8 of the cores (its timing is guarded by the device's lease); a
-    CPU profile that times the baselines owns the machine (see the profile rule)."""
+    """A GPU profile takes a quarter of the cores (its timing is guarded by the device's lease;
+    at most four at once, each holding its reference, torch.compile's baseline and a CUDA
+    context in GPU memory while it waits); a CPU profile that times the baselines owns the
+    machine (see the profile rule)."""
     if wildcards.platform in ("triton", "cuda"):
-        return max(1, workflow.cores // 8)
+        return max(1, workflow.cores // 4)
     return workflow.cores if PLAN.profile_baselines else 1
 
 
