@@ -58,11 +58,9 @@ class DeviceLease:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
         self._lock = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         self._turn = os.open(path.with_name(path.name + ".turn"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         self.mode = ""  # "", "shared" or "exclusive"
-        self.waited_s = 0.0  # time spent waiting for the exclusive lease
 
     def shared(self) -> None:
         fcntl.flock(self._turn, fcntl.LOCK_EX)  # behind any timing job already waiting
@@ -83,9 +81,7 @@ class DeviceLease:
         finally:
             fcntl.flock(self._turn, fcntl.LOCK_UN)
         self.mode = "exclusive"
-        waited = time.monotonic() - start
-        self.waited_s += waited
-        return waited
+        return time.monotonic() - start
 
     def release(self) -> None:
         for fd in (self._lock, self._turn):

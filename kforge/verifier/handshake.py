@@ -374,8 +374,9 @@ def worker_clock(env: dict[str, str] | os._Environ[str], *, gate: bool = False) 
     index = {n: i for i, n in enumerate(NAMES)}
     heard = [0]
 
-    def answer() -> int:
-        # Spin on the shared word: no system call between GO and the call (see the docstring).
+    def answer(nap: float = 0.0) -> int:
+        # Spin on the shared word: no system call between GO and the call (see the docstring);
+        # ``nap``: sleep between looks instead (a wait that may be long: GATE)
         want = heard[0] + 1
         while True:
             seq, value = unpack(page, 0)
@@ -384,6 +385,8 @@ def worker_clock(env: dict[str, str] | os._Environ[str], *, gate: bool = False) 
                 return value
             if flag(page, HUNG_UP)[0]:
                 raise EOFError("the parent's clock went away")
+            if nap:
+                time.sleep(nap)
 
     def clock(name: str, rep: int, fn: Callable[[], Any],
               claim: Callable[[Any], int] | None = None, k: int = 1) -> tuple[float, Any]:
@@ -418,14 +421,7 @@ def worker_clock(env: dict[str, str] | os._Environ[str], *, gate: bool = False) 
     clock.probe = probe  # type: ignore[attr-defined]
     if gate:  # may take long (other jobs finish first): sleep between looks, do not spin
         write(up, pack(GATE, 0, 0, 0))
-        while True:
-            seq, _ = unpack(page, 0)
-            if seq == heard[0] + 1:
-                heard[0] = seq
-                break
-            if flag(page, HUNG_UP)[0]:
-                raise EOFError("the parent's clock went away")
-            time.sleep(0.002)
+        answer(nap=0.002)
     for k in range(NULL_CALLS):  # the hop noise, measured before anything else is timed
         clock("null", k, lambda: None)
     return clock

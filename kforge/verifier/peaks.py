@@ -102,7 +102,6 @@ def _best_seconds(fn: object, device: str, reps: int) -> float:
 
 def measure_peaks(device: str, cache_dir: Path) -> Peaks:
     """Best-of-N copy GB/s and fp32 matmul GFLOP/s; measured once per host and device."""
-
     name = device_name(device)
     host = socket.gethostname()
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"v4__{host}__{device}__{name}")[:200]

@@ -1,10 +1,11 @@
-"""The `unshare` sandbox's filesystem: every mount read-only except the run's scratch folder.
+"""The `unshare` sandbox's filesystem: every mount read-only except the run's scratch folder,
+the namespace's own /proc, and private tmpfs mounts on /dev/shm and /tmp.
 
 Run as a script (no kforge import: it starts the sandboxed worker) by
 :func:`kforge.verifier.sandbox._wrap` inside a fresh mount namespace, as root, on hosts without
 bwrap::
 
-    python -I ro_mounts.py SCRATCH -- setpriv ... -- python -m kforge.verifier.worker_main
+    python -I ro_mounts.py SCRATCH [KEEP...] -- setpriv ... -- python -m kforge.verifier.worker_main
 
 It binds SCRATCH onto itself, remounts every other mount point read-only (keeping nosuid, nodev,
 noexec and the atime flags), checks with statvfs that each one now is, and execs the rest of its argv, which
@@ -17,19 +18,24 @@ One exception: ``/proc``, the namespace's own procfs (``unshare --mount-proc``),
 With every mount read-only, CUDA's initialisation failed with error 304 ("OS call failed") in
 every sandboxed job on the H200 and H100 hosts, and a read-only /proc stops a process naming its
 threads (``pthread_setname_np`` on another thread writes ``/proc/self/task/TID/comm``), which the
-CUDA runtime does for its helper threads: the likely cause (not yet confirmed on a GPU). What
+CUDA runtime does for its helper threads: the likely cause. What
 in /proc reaches beyond the sandbox's own processes (``/proc/sys``, ``/proc/sysrq-trigger``,
 ``/proc/irq``, ``/proc/bus``, ``/proc/fs``, ``/proc/acpi``, ``/proc/scsi``,
 ``/proc/latency_stats``: the host's sysctls and the SysRq trigger, which a root
 without capabilities could still write by file mode) is bound onto itself and made read-only
-like every other mount, as container runtimes do. (Confirmed on the H100 on 2026-12-06: CUDA and
-Triton work inside, scripts/sandbox_gpu_smoke.sh.)
+like every other mount, as container runtimes do. With that, CUDA and Triton work inside
+(scripts/sandbox_gpu_smoke.sh on the H100 and the H200, 2026-12-06).
 
 ``/dev/shm`` is a private tmpfs (1 GB, nosuid, nodev, noexec), empty and writable: torch's CUDA IPC,
 which hands the candidate's outputs to the judge (``gpu_compare.py``, both in the sandbox),
 creates its reference-count files there, and with the host's /dev/shm read-only every GPU
 verification failed at its first shared tensor (H100, 2026-12-06). Nothing written there
 outlives the sandbox or reaches the host.
+
+``/tmp`` is a private tmpfs too, as bwrap's ``--tmpfs /tmp``, with the scratch and the
+read-only inputs that lie under /tmp (``KEEP`` arguments) bound back at their own paths:
+torch.compile's baseline, loaded from a warm job's kept caches, wrote under that job's scratch
+path in /tmp, and failed with the host's /tmp read-only (H100, 2026-12-06).
 """
 
 from __future__ import annotations
