@@ -15,11 +15,11 @@ rule select:
         code=PLAN.code["select"],
         settings=PLAN.settings_digest("profile", "policy"),
         dirs=lambda w: " ".join(PLAN.round_dirs(w.agent, w.platform, w.suite, w.problem)),
-    # The report's timings own the machine: on a GPU host the verify jobs of other candidates
-    # run on the same GPU, and a select that shared it timed candidate and baselines amid them.
-    threads: workflow.cores
-    resources:
-        gpu=lambda w: 1 if w.platform in ("triton", "cuda") else 0,
+    # The report's timings must not share the device. On the CPU a select owns the machine; on a
+    # GPU it takes a profile's share of the cores, since its re-timing holds the device's lease
+    # exclusively (kforge/verifier/device_lease.py), and most selects only read their round's
+    # profile (~1 s): with every core each waited for the whole run to drain before it started.
+    threads: lambda w: profile_threads(w) if w.platform in ("triton", "cuda") else workflow.cores
     log:
         f"{RUN}/select.log",
     shell:
