@@ -90,8 +90,9 @@ def test_whole_machine_jobs_are_exclusive_with_every_core(dry_run: tuple[list[di
     for job in jobs:
         exclusive = job["resources"].get("slurm_extra") == "--exclusive"
         assert exclusive == (job["rule"] in ("select", "peaks")), job
-        if exclusive:
-            assert job["threads"] == CORES
+        if exclusive:  # a GPU select's re-timing holds the device's lease: a profile's share of the cores
+            gpu_select = job["rule"] == "select" and job["wildcards"].get("platform") == "triton"
+            assert job["threads"] == (CORES // 4 if gpu_select else CORES), job
     assert sum(j["rule"] == "select" for j in jobs) == 2
 
 
@@ -127,7 +128,8 @@ def test_sbatch_line_of_the_pinned_executor(dry_run: tuple[list[dict[str, Any]],
             lines[(job["rule"], job["wildcards"]["platform"])] = get_submit_command(fake, params) + set_gres_string(fake)
     triton_select = lines[("select", "triton")]
     assert "--gres=gpu:1" in triton_select and "--gpus" not in triton_select
-    assert "--exclusive" in triton_select and f"--cpus-per-task={CORES}" in triton_select
+    assert "--exclusive" in triton_select and f"--cpus-per-task={CORES // 4}" in triton_select
     assert "--gres" not in lines[("select", "cpu")] and "--exclusive" in lines[("select", "cpu")]
+    assert f"--cpus-per-task={CORES}" in lines[("select", "cpu")]
     assert "--gres=gpu:1" in lines[("verify", "triton")] and "--exclusive" not in lines[("verify", "triton")]
     assert "--gres" not in lines[("verify", "cpu")]
