@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 TOL = {"strict": 1e-4, "relaxed": 1e-2}
 POLICIES = ("strict", "relaxed")
 # The precision ladder: each policy's GEMM steps, cheapest first; the first that passes is kept.
-LADDER = {"strict": ("bf16x3", "tf32x3", "ieee"), "relaxed": ("bf16", "bf16x2", "tf32", "bf16x3", "tf32x3")}
+LADDER = {"strict": ("fp16x3", "tf32x3", "ieee"), "relaxed": ("fp16", "fp16x2", "tf32", "fp16x3", "tf32x3")}
 
 
 ONLY: set[str] = set()  # --only: problem id prefixes (001,020) to restrict a run to

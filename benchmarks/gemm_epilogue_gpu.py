@@ -55,12 +55,18 @@ PLANS: list[tuple[str, int, int, int, int, int, int]] = [
     ("bf16x3", 1, 128, 128, 64, 8, 3),
     ("bf16x3", 1, 128, 128, 32, 4, 4),
     ("bf16x3", 0, 128, 128, 32, 8, 4),
+    ("fp16", 2, 256, 128, 64, 8, 3),  # the fp16 steps on their bf16 counterparts' tiles
+    ("fp16", 1, 128, 256, 64, 8, 3),
+    ("fp16x2", 1, 128, 256, 64, 8, 3),
+    ("fp16x3", 1, 128, 256, 32, 8, 3),
+    ("fp16x3", 1, 128, 128, 64, 8, 3),
     ("tf32", 0, 128, 256, 32, 8, 3),
     ("tf32x3", 0, 128, 64, 32, 4, 4),
     ("tf32x3", 0, 128, 128, 32, 8, 4),
     ("ieee", 0, 128, 128, 32, 8, 3),
 ]
 PRODUCTS = {"bf16": ("bf16", 1), "bf16x2": ("bf16", 2), "bf16x3": ("bf16", 3), "tf32": ("tf32", 1),
+            "fp16": ("bf16", 1), "fp16x2": ("bf16", 2), "fp16x3": ("bf16", 3),  # fp16: bf16's tensor rate
             "tf32x3": ("tf32", 3), "ieee": ("ieee", 1)}
 # GEMM + epilogue problems of problems/level2 without a reduction after the GEMM, and a bmm
 DEFAULT = ("001", "002", "003", "004", "005", "016", "017", "018", "045", "046", "048", "020")

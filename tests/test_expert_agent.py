@@ -90,53 +90,69 @@ def test_precision_ladder_steps_up_after_a_mismatch() -> None:
     req = request("gemm_gelu_scale", platform="triton", policy="relaxed")
     first = AGENT.generate(req)
     name = first.plan["dominant"]
-    assert first.plan["knobs"][name]["precision"] == "bf16"  # the cheapest step the policy allows
-    assert first.plan["precision"] == "bf16" and first.plan["failed_precisions"] == []
+    assert first.plan["knobs"][name]["precision"] == "fp16"  # the cheapest step, bf16's rate with 3 more bits
+    assert first.plan["precision"] == "fp16" and first.plan["failed_precisions"] == []
+    assert "tl.float16" in (first.source or "") and "fp16=True" in (first.source or "")
     fb = [Feedback(stage="verify", reason="output_mismatch", detail="max abs err 3e-2")]
     up = AGENT.generate(req.model_copy(update=dict(round=1, previous_plan=first.plan, feedback=fb)))
-    assert up.plan["knobs"][name]["precision"] == "bf16x2" and "precision -> bf16x2" in up.plan["notes"][-1]
-    assert up.plan["failed_precisions"] == ["bf16"]
-    tf32 = AGENT.generate(req.model_copy(update=dict(round=2, previous_plan=up.plan, feedback=fb)))
-    assert tf32.plan["knobs"][name]["precision"] == "tf32" and tf32.plan["knobs"][name]["BLOCK_K"] == 32
-    again = AGENT.generate(req.model_copy(update=dict(round=3, previous_plan=tf32.plan, feedback=fb)))
-    assert again.plan["knobs"][name]["precision"] == "bf16x3" and again.plan["knobs"][name]["BLOCK_K"] == 32
-    assert again.plan["failed_precisions"] == ["bf16", "bf16x2", "tf32"]
-    # a wide margin after passing tries one step down, but never a step that already failed
+    assert up.plan["knobs"][name]["precision"] == "fp16x2" and "precision -> fp16x2" in up.plan["notes"][-1]
+    assert up.plan["failed_precisions"] == ["fp16"]
+    again = AGENT.generate(req.model_copy(update=dict(round=2, previous_plan=up.plan, feedback=fb)))
+    assert again.plan["knobs"][name]["precision"] == "fp16x3" and again.plan["knobs"][name]["BLOCK_K"] == 32
+    assert again.plan["failed_precisions"] == ["fp16", "fp16x2"]
+    # a wide margin after passing tries a cheaper step, but never one that already failed
     ok = req.model_copy(update=dict(round=3, previous_plan=again.plan, feedback=[], verified_margin=0.001))
-    assert AGENT.generate(ok).plan["knobs"][name]["precision"] == "bf16x3"
+    assert AGENT.generate(ok).plan["knobs"][name]["precision"] == "fp16x3"
     strict = AGENT.generate(request("gemm_gelu_scale", platform="triton"))
-    assert strict.plan["knobs"][name]["precision"] == "bf16x3"  # strict never starts below bf16x3
+    assert strict.plan["knobs"][name]["precision"] == "fp16x3"  # strict never starts below a 3-product split
     s_up = AGENT.generate(request("gemm_gelu_scale", platform="triton").model_copy(
         update=dict(round=1, previous_plan=strict.plan, feedback=fb)))
     assert s_up.plan["knobs"][name]["precision"] == "tf32x3"
     down = AGENT.generate(request("gemm_gelu_scale", platform="triton").model_copy(
         update=dict(round=1, previous_plan=s_up.plan, feedback=[], verified_margin=0.005)))
-    assert down.plan["knobs"][name]["precision"] == "tf32x3"  # bf16x3 failed: no way back
+    assert down.plan["knobs"][name]["precision"] == "tf32x3"  # fp16x3 failed: no way back
     tight = AGENT.generate(request("gemm_gelu_scale", platform="triton", policy="relaxed").model_copy(
         update=dict(round=1, previous_plan=up.plan, feedback=[], verified_margin=0.5)))
-    assert tight.plan["knobs"][name]["precision"] == "bf16x2"  # passed by a hair: stays
+    assert tight.plan["knobs"][name]["precision"] == "fp16x2"  # passed by a hair: stays
+
+
+def test_an_fp16_overflow_leaves_the_fp16_steps() -> None:
+    """NaN/inf where the reference is finite at an fp16 step is its range (+-65504), not its
+    mantissa: the repair goes to a step with fp32's range, never another fp16 step."""
+    req = request("gemm_gelu_scale", platform="triton", policy="relaxed")
+    first = AGENT.generate(req)
+    name = first.plan["dominant"]
+    fb = [Feedback(stage="verify", reason="nonfinite", detail="case 2 output 0: NaN/inf where the reference is finite")]
+    up = AGENT.generate(req.model_copy(update=dict(round=1, previous_plan=first.plan, feedback=fb)))
+    assert up.plan["knobs"][name]["precision"] == "tf32" and up.plan["failed_precisions"] == ["fp16"]
+    strict = AGENT.generate(request("gemm_gelu_scale", platform="triton"))
+    s_up = AGENT.generate(request("gemm_gelu_scale", platform="triton").model_copy(
+        update=dict(round=1, previous_plan=strict.plan, feedback=fb)))
+    assert s_up.plan["knobs"][name]["precision"] == "tf32x3"
 
 
 def test_step_down_and_up_follow_the_policy() -> None:
     from kforge.agents.expert.compiler import step_down, step_up
 
-    assert step_up("bf16x3", "strict") == "tf32x3" and step_up("ieee", "strict") is None
-    assert step_up("bf16", "relaxed") == "bf16x2"
-    assert step_down("tf32x3", "strict", 0.001) == "bf16x3"
-    assert step_down("bf16x3", "strict", 0.001) is None  # nothing cheaper is strict
-    assert step_down("bf16x3", "relaxed", 0.001) == "tf32"
-    assert step_down("bf16x3", "relaxed", 0.5) is None and step_down("bf16x3", "relaxed", None) is None
+    assert step_up("fp16x3", "strict") == "tf32x3" and step_up("ieee", "strict") is None
+    assert step_up("bf16x3", "strict") == "fp16x3"  # as cheap and more accurate
+    assert step_up("fp16", "relaxed") == "fp16x2" and step_up("bf16", "relaxed") == "fp16"
+    assert step_down("tf32x3", "strict", 0.001) == "fp16x3"  # the cheaper cost's most accurate step
+    assert step_down("fp16x3", "strict", 0.001) is None and step_down("bf16x3", "strict", 0.001) is None
+    assert step_down("fp16x3", "relaxed", 0.001) == "fp16x2"
+    assert step_down("fp16", "relaxed", 0.001) is None  # bf16 costs the same and is less accurate
+    assert step_down("fp16x3", "relaxed", 0.5) is None and step_down("fp16x3", "relaxed", None) is None
 
 
 @pytest.mark.parametrize("precision,policy,margin,expect", [
-    # the H200 level2 run: bf16 missed 1e-2 by 1.39x (002); bf16x2 would still miss (0.95)
-    ("bf16", "relaxed", 1.39, "tf32"),
-    ("bf16", "relaxed", 1.9, "bf16x3"),     # tf32 predicted at 0.83: over the target
-    ("bf16", "relaxed", 1.02, "bf16x2"),    # a hair over: the next step is enough
-    ("bf16x3", "strict", 2.3, "tf32x3"),    # 020 strict: tf32x3 then passed at 0.33
-    ("bf16x3", "strict", 500.0, "ieee"),    # nothing predicted to pass: the top
-    ("bf16", "relaxed", None, "bf16x2"),    # no margin on record: one step
-    ("bf16", "relaxed", 0.9, "bf16x2"),     # a failure that is not an error margin: one step
+    # the H200 level2 run: bf16 missed 1e-2 by 1.39x (002); fp16 is predicted at 0.17
+    ("bf16", "relaxed", 1.39, "fp16"),
+    ("fp16", "relaxed", 1.39, "fp16x3"),    # fp16x2 predicted at 0.97: over the target
+    ("fp16", "relaxed", 0.9, "fp16x2"),     # a failure that is not an error margin: one step
+    ("fp16", "relaxed", None, "fp16x2"),    # no margin on record: one step
+    ("bf16x3", "strict", 2.3, "tf32x3"),    # 020 strict: tf32x3 then passed at 0.33 (fp16x3: 1.35)
+    ("bf16x3", "strict", 1.1, "fp16x3"),    # 045 / 048 strict: fp16x3 predicted at 0.65
+    ("fp16x3", "strict", 500.0, "ieee"),    # nothing predicted to pass: the top
 ])
 def test_an_accuracy_repair_climbs_as_far_as_the_failed_margin_says(precision: str, policy: str,
                                                                     margin: float | None, expect: str) -> None:
@@ -151,10 +167,10 @@ def test_the_failed_margin_reaches_the_repair_round() -> None:
     fb = [Feedback(stage="verify", reason="output_mismatch", detail="case 3 (scaled): margin 1.39x")]
     first = AGENT.generate(request("gemm_gelu_scale", platform="triton", policy="relaxed"))
     name = first.plan["dominant"]
-    assert first.plan["knobs"][name]["precision"] == "bf16"
+    assert first.plan["knobs"][name]["precision"] == "fp16"
     up = AGENT.generate(request("gemm_gelu_scale", platform="triton", policy="relaxed").model_copy(
         update=dict(round=1, previous_plan=first.plan, feedback=fb, failed_margin=1.39)))
-    assert up.plan["knobs"][name]["precision"] == "tf32" and up.plan["failed_precisions"] == ["bf16"]
+    assert up.plan["knobs"][name]["precision"] == "fp16x3" and up.plan["failed_precisions"] == ["fp16"]
     assert any("failed at margin 1.39" in note for note in up.plan.get("notes", [])), up.plan.get("notes")
 
 

@@ -13,11 +13,12 @@ Each finding carries a reason code (``reasons.Reason``) and the line it points a
                             exec/eval, exits and signals
 - ``spawns_work``          threads, processes, asyncio, CUDA streams
 - ``precision_below_policy`` (strict only) half/bf16 casts, autocast, TF32 switches, a
-                            Triton ``tl.dot`` without ``input_precision`` ieee/tf32x3; bf16
-                            and bare ``tl.dot`` pass when the module splits fp32 values into
-                            bf16 hi/lo parts (``x - hi.to(float32)``: bf16x3, MISSION.md's
-                            strict trick); the numbers then decide (the relative-error norm at
-                            1e-4 rejects any plain bf16 or TF32 product, 2^-9 and 2^-11)
+                            Triton ``tl.dot`` without ``input_precision`` ieee/tf32x3; bf16,
+                            fp16 and bare ``tl.dot`` pass when the module splits fp32 values
+                            into 16-bit hi/lo parts (``x - hi.to(float32)``: bf16x3 or fp16x3,
+                            MISSION.md's strict trick); the numbers then decide (the
+                            relative-error norm at 1e-4 rejects any plain bf16, fp16 or TF32
+                            product, 2^-9 and 2^-11)
 - ``forbidden_include``    ``#include`` of an absolute path or a path with ``..``
 Code inside ``@triton.jit`` functions is kernel code: its ``tl.*`` calls are not torch ops.
 """
@@ -213,10 +214,11 @@ def static_check(source: str, problem_source: str, *, platform: str) -> list[Fin
     if ref_names and ref_names <= cand_names:
         findings.append(Finding(Reason.CALLS_REFERENCE_OP, 0,
                                 "calls every torch op the reference calls: it is the reference"))
-    split = splits_into_bf16_parts(tree)
+    split = splits_into_half_parts(tree)
     for node in ast.walk(tree):
         findings += [f for f in _node_findings(node, platform)
-                     if not (split and f.reason == Reason.PRECISION_BELOW_POLICY and "bfloat16" in f.message)]
+                     if not (split and f.reason == Reason.PRECISION_BELOW_POLICY
+                             and ("bfloat16" in f.message or "float16" in f.message))]
     for call in [] if split else scan.tl_dots:
         kws = {k.arg: k.value for k in call.keywords}
         prec = kws.get("input_precision")
@@ -242,10 +244,11 @@ def _is_fp32_upcast(node: ast.AST) -> bool:
     return node.func.attr == "to" and bool(node.args) and _dotted(node.args[0])[-1:] == ["float32"]
 
 
-def splits_into_bf16_parts(tree: ast.AST) -> bool:
-    """The module computes a lo part ``x - hi.to(float32)`` and uses bfloat16: a split product."""
-    uses_bf16 = any(isinstance(n, ast.Attribute) and n.attr == "bfloat16" for n in ast.walk(tree))
-    return uses_bf16 and any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Sub) and _is_fp32_upcast(n.right)
+def splits_into_half_parts(tree: ast.AST) -> bool:
+    """The module computes a lo part ``x - hi.to(float32)`` and uses bfloat16 or float16: a split
+    product (bf16x3, fp16x3)."""
+    uses_half = any(isinstance(n, ast.Attribute) and n.attr in ("bfloat16", "float16") for n in ast.walk(tree))
+    return uses_half and any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Sub) and _is_fp32_upcast(n.right)
                              for n in ast.walk(tree))
 
 

@@ -119,7 +119,7 @@ def test_analysis_moves_precision_only_within_policy() -> None:
     relaxed = analyze_triton(_request("relaxed", 1.6), GEMM_PLAN)
     assert relaxed.bottleneck == "compute"
     assert (
-        relaxed.actions[0].kind == "precision" and relaxed.actions[0].params["precision"] == "bf16"
+        relaxed.actions[0].kind == "precision" and relaxed.actions[0].params["precision"] == "fp16"
     )
     strict = analyze_triton(_request("strict", 1.6), GEMM_PLAN)
     assert all(a.params.get("precision") in (None, "tf32x3", "ieee") for a in strict.actions)
@@ -178,7 +178,7 @@ def test_recommend_reads_the_expert_plan_layout() -> None:
 
     flat = {"platform": "triton", **GEMM_PLAN}
     request = _request("relaxed", 1.6).model_copy(update={"plan": flat})
-    assert recommend(request).actions[0].params["precision"] == "bf16"
+    assert recommend(request).actions[0].params["precision"] == "fp16"
     nested = {
         "platform": "triton",
         "graph": GEMM_PLAN["graph"],

@@ -160,7 +160,7 @@ def test_11_speedup_beating_the_roofline_is_flagged() -> None:
 
 
 def test_8b_split_bf16_products_are_left_to_the_numbers_under_strict() -> None:
-    from kforge.verifier.checks import splits_into_bf16_parts
+    from kforge.verifier.checks import splits_into_half_parts
 
     split = honest_with("        hi = y.to(torch.bfloat16)\n        lo = (y - hi.to(torch.float32)).to(torch.bfloat16)\n"
                         "        return hi.to(torch.float32) + lo.to(torch.float32)")
@@ -169,4 +169,8 @@ def test_8b_split_bf16_products_are_left_to_the_numbers_under_strict() -> None:
     assert "precision_below_policy" in _codes(plain)
     assert verify(plain).reason == "precision_below_policy"
     import ast
-    assert not splits_into_bf16_parts(ast.parse("y = x - z.to(torch.float32)"))  # no bf16 anywhere
+    assert not splits_into_half_parts(ast.parse("y = x - z.to(torch.float32)"))  # no bf16 anywhere
+    fp16 = honest_with("        hi = y.to(torch.float16)\n        lo = (y - hi.to(torch.float32)).to(torch.float16)\n"
+                       "        return hi.to(torch.float32) + lo.to(torch.float32)")
+    assert "precision_below_policy" not in _codes(fp16)  # fp16x3-style split, likewise
+    assert "precision_below_policy" in _codes(honest_with("        return y.half().float()"))

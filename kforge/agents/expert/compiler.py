@@ -6,9 +6,9 @@ Knobs are per kernel (``{"k0": {"BLOCK_M": 128, ...}, "k1": {...}}``). Round 0 t
 backend's defaults; later rounds start from the previous round's knobs and apply the
 analysis agent's actions to the *dominant* kernel (the one with the most work at the traced
 sizes, :func:`kernel_work`); a functional failure moves the GEMMs one step up the precision
-ladder (bf16 -> bf16x2 -> tf32 -> bf16x3 -> tf32x3 -> ieee, the steps the policy allows: round 0 starts at
-the cheapest) or back to the defaults; a pass by a wide margin lets the analysis move one step
-down (:func:`step_down`).
+ladder (bf16, fp16 -> bf16x2, fp16x2, tf32 -> bf16x3, fp16x3 -> tf32x3 -> ieee, the steps the policy
+allows; round 0 starts at fp16 under relaxed and fp16x3 under strict) or back to the defaults; a
+pass by a wide margin lets the analysis move down to a cheaper step (:func:`step_down`).
 
 The plan recorded with the candidate carries the kernel list, the knobs, and a ``graph``
 summary of the dominant kernel in the shape the analysis rules read
@@ -30,14 +30,20 @@ from kforge.agents.expert.kernels import (
 from kforge.schema import GenerationRequest
 
 FUNCTIONAL_STAGES = ("compile", "verify", "profile")
-# Ordered by accuracy (measured on the H200, benchmarks/results/gemm_ladder_h200.md: max error
-# of one 1024 x 8192 x 8192 GEMM + epilogue 9.8e-3, 6.7e-3, 4.3e-3, 1.6e-4, 2.3e-5, 9.5e-7).
-PRECISION_LADDER = ("bf16", "bf16x2", "tf32", "bf16x3", "tf32x3", "ieee")
-STEP_DOWN_MARGIN = 0.02  # max |err| / allowed below this on every case: the next step down is tried
-# Max error of each step relative to bf16's on that measurement: an accuracy repair predicts
-# each step's margin as (failed margin) x (its error / the failed step's) and takes the cheapest
-# step predicted at or below STEP_UP_TARGET, instead of climbing one step a round.
-STEP_ERROR = {"bf16": 9.8e-3, "bf16x2": 6.7e-3, "tf32": 4.3e-3, "bf16x3": 1.6e-4, "tf32x3": 2.3e-5, "ieee": 9.5e-7}
+# Ordered by cost (tensor-core products at the bf16 rate, STEP_COST), then by accuracy.
+PRECISION_LADDER = ("bf16", "fp16", "bf16x2", "fp16x2", "tf32", "bf16x3", "fp16x3", "tf32x3", "ieee")
+STEP_COST = {"bf16": 1, "fp16": 1, "bf16x2": 2, "fp16x2": 2, "tf32": 2, "bf16x3": 3, "fp16x3": 3, "tf32x3": 6,
+             "ieee": 16}
+STEP_DOWN_MARGIN = 0.02  # max |err| / allowed below this on every case: a cheaper step is tried
+# Max error of each step: the bf16, tf32 and ieee steps measured on the H200
+# (benchmarks/results/gemm_ladder_h200.md: one 1024 x 8192 x 8192 GEMM + epilogue); the fp16
+# steps scaled from their bf16 counterparts by a CPU simulation of a 256 x 8192 x 8192
+# nn.Linear GEMM (relative error norm, fp16 / bf16: 0.125 for one and two products, 0.59 for
+# three, whose weight-sized lo parts are subnormal in fp16). An accuracy repair predicts each
+# step's margin as (failed margin) x (its error / the failed step's) and takes the cheapest step
+# predicted at or below STEP_UP_TARGET, instead of climbing one step a round.
+STEP_ERROR = {"bf16": 9.8e-3, "fp16": 1.2e-3, "bf16x2": 6.7e-3, "fp16x2": 8.4e-4, "tf32": 4.3e-3,
+              "bf16x3": 1.6e-4, "fp16x3": 9.4e-5, "tf32x3": 2.3e-5, "ieee": 9.5e-7}
 STEP_UP_TARGET = 0.7
 ROW_ALIASES = {"BLOCK_N": "BLOCK_R"}  # the analysis rules' name for a row kernel's chunk
 
@@ -105,15 +111,22 @@ def _allowed(policy: str) -> tuple[str, ...]:
     return tuple(p for p in PRECISION_LADDER if p in allowed_precisions(policy))
 
 
-def step_up(precision: str, policy: str, margin: float | None = None) -> str | None:
+def step_up(precision: str, policy: str, margin: float | None = None, overflow: bool = False) -> str | None:
     """A more accurate precision the policy allows (None at the top): the next one, or, given
     the failed verdict's ``margin`` (max |err| / allowed > 1), the cheapest one whose predicted
     margin (``margin`` scaled by :data:`STEP_ERROR`) is at most :data:`STEP_UP_TARGET`; the most
-    accurate allowed step when none is predicted to pass."""
+    accurate allowed step when none is predicted to pass. ``overflow``: the step's outputs were
+    NaN or inf where the reference's are finite; the fp16 steps share that range and are skipped."""
     ladder = _allowed(policy)
     if precision not in PRECISION_LADDER:
         return None
     above = [p for p in ladder if PRECISION_LADDER.index(p) > PRECISION_LADDER.index(precision)]
+    if overflow:  # NaN/inf where the reference is finite: fp16's range (+-65504), not its bits
+        above = [p for p in above if not p.startswith("fp16")]
+    else:
+        above = [p for p in above if STEP_ERROR[p] < STEP_ERROR[precision]]
+    # of the steps of one cost, only the most accurate (fp16x3 before bf16x3)
+    above = [p for p in above if STEP_ERROR[p] == min(STEP_ERROR[q] for q in above if STEP_COST[q] == STEP_COST[p])]
     if not above:
         return None
     if margin is None or not margin > 1.0 or precision not in STEP_ERROR:
@@ -129,8 +142,11 @@ def step_down(precision: str, policy: str, margin: float | None) -> str | None:
     (``margin`` = max |err| / allowed over the verified cases, below :data:`STEP_DOWN_MARGIN`)."""
     if margin is None or not margin < STEP_DOWN_MARGIN or precision not in PRECISION_LADDER:
         return None
-    below = [p for p in _allowed(policy) if PRECISION_LADDER.index(p) < PRECISION_LADDER.index(precision)]
-    return below[-1] if below else None
+    below = [p for p in _allowed(policy) if STEP_COST[p] < STEP_COST[precision]]
+    if not below:
+        return None
+    cost = max(STEP_COST[p] for p in below)  # the next cheaper cost, its most accurate step
+    return min((p for p in below if STEP_COST[p] == cost), key=lambda p: STEP_ERROR[p])
 
 
 def set_precision(program: Program, name: str, knobs: dict[str, Any], precision: str) -> dict[str, Any]:
@@ -145,7 +161,7 @@ def set_precision(program: Program, name: str, knobs: dict[str, Any], precision:
 
 def _is_accuracy_failure(request: GenerationRequest) -> bool:
     failures = [f for f in request.feedback if f.stage in FUNCTIONAL_STAGES]
-    return bool(failures) and ("mismatch" in failures[0].reason or "precision" in failures[0].reason)
+    return bool(failures) and any(w in failures[0].reason for w in ("mismatch", "precision", "nonfinite"))
 
 
 def failed_precisions(request: GenerationRequest) -> list[str]:
@@ -170,9 +186,10 @@ def round_knobs(program: Program, defaults: dict[str, dict[str, Any]], request: 
     if failures:
         reason = f"{failures[0].stage}:{failures[0].reason}"
         changed = []
-        if "mismatch" in reason or "precision" in reason:
+        overflow = "nonfinite" in reason and any(str(kv.get("precision", "")).startswith("fp16") for kv in knobs.values())
+        if "mismatch" in reason or "precision" in reason or overflow:
             for name, kv in knobs.items():
-                up = step_up(str(kv.get("precision", "")), request.policy, request.failed_margin)
+                up = step_up(str(kv.get("precision", "")), request.policy, request.failed_margin, overflow)
                 if up is not None:
                     knobs[name] = set_precision(program, name, kv, up)
                     why = f" (failed at margin {request.failed_margin:.3g})" if request.failed_margin else ""

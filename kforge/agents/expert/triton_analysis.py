@@ -26,6 +26,9 @@ PEAK_GFLOPS = {
     "bf16": 790_000.0,
     "bf16x2": 790_000.0 / 2,
     "bf16x3": 790_000.0 / 3,
+    "fp16": 790_000.0,  # the same tensor-core rate as bf16
+    "fp16x2": 790_000.0 / 2,
+    "fp16x3": 790_000.0 / 3,
 }
 PEAK_GBPS = 4_300.0
 SM_COUNT = 132
@@ -65,15 +68,15 @@ def _gemm_actions(
     actions: list[Action] = []
     precision = str(plan.get("precision", "tf32x3"))
     failed = set(plan.get("failed_precisions") or [])  # the ladder never goes back to these
-    if policy == "relaxed" and precision in ("ieee", "tf32x3", "tf32") and "bf16" not in failed:
+    if policy == "relaxed" and precision in ("ieee", "tf32x3", "tf32") and "fp16" not in failed:
         actions.append(
             Action(
                 kind="precision",
-                params={"precision": "bf16", "precast": 1, "b_regs": 1, "BLOCK_M": 256, "BLOCK_N": 128,
+                params={"precision": "fp16", "precast": 1, "b_regs": 1, "BLOCK_M": 256, "BLOCK_N": 128,
                         "BLOCK_K": 64, "num_stages": 3},
-                expected_gain=PEAK_GFLOPS["bf16"] / PEAK_GFLOPS[precision] * 0.6,
-                rationale="relaxed policy allows bf16 operands with fp32 accumulation: 2x the TF32 "
-                "tensor rate; if verification then fails on accuracy, use bf16x3 (hi/lo split, ~1e-5)",
+                expected_gain=PEAK_GFLOPS["fp16"] / PEAK_GFLOPS[precision] * 0.6,
+                rationale="relaxed policy allows fp16 operands with fp32 accumulation: 2x the TF32 "
+                "tensor rate; if verification then fails on accuracy, use fp16x3 (hi/lo split)",
             )
         )
     elif policy == "strict" and precision == "ieee" and "tf32x3" not in failed:
@@ -105,7 +108,7 @@ def _gemm_actions(
                 )
             )
             return actions
-    if precision == "tf32x3" or (precision == "bf16x3" and not plan.get("precast")):
+    if precision == "tf32x3" or (precision in ("bf16x3", "fp16x3") and not plan.get("precast")):
         # Split modes hold 2-3x the operand registers: on the H200 (benchmarks/results/
         # gemm_epilogue_h200.md) 128x256 tiles lost 25% to 128x128, and 128x64 with 4 warps won.
         if (bm, bn) != (128, 64):
@@ -247,7 +250,7 @@ def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommenda
     planned = plan.get("kernels")
     if isinstance(planned, list) and planned:  # the compiler's plan: its kernels, plus the bf16 GEMMs' precasts
         precasts = sum(1 if kv.get("b_regs") else 2 for kv in (plan.get("knobs") or {}).values()
-                       if isinstance(kv, dict) and kv.get("precast") and str(kv.get("precision", "")).startswith("bf16"))
+                       if isinstance(kv, dict) and kv.get("precast") and str(kv.get("precision", ""))[:4] in ("bf16", "fp16"))
         expected_kernels = len(planned) + precasts
     else:
         expected_kernels = 3 if kind == "gemm" and plan.get("precast") else 1
