@@ -93,8 +93,9 @@ def _import_candidate(job: dict[str, Any], fail: Send, finish: Send) -> tuple[An
 
 
 def run_candidate(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> None:
-    from kforge.verifier.worker import build_models, poison
+    from kforge.verifier.worker import Phases, build_models, poison
 
+    phases = Phases()  # where the job's seconds went (diagnostics: candidate code runs in this process)
     device = job["device"]
     sanitize = bool(job.get("sanitize"))
     channel = None
@@ -109,10 +110,14 @@ def run_candidate(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> 
             fail("harness_error", exc)
     draw = bool(job.get("draw_on_device"))
     harness = frozenset({channel.proc.pid}) if channel is not None else frozenset()
+    phases.mark("judge_start")
     module, integrity, counter = _import_candidate(job, fail, finish)
+    phases.mark("import_candidate")
     path = Path(job["problem_path"])
     models: dict[str, tuple[Any, Any]] = {}
-    for raw in job["cases"]:
+    for i, raw in enumerate(job["cases"]):
+        if i:  # the case before this one: the first builds the models and runs under the profiler
+            phases.mark("first_case" if i == 1 else "cases")
         case = Case.from_json(raw)
         key = json.dumps(case.sizes, sort_keys=True)
         try:
@@ -183,11 +188,13 @@ def run_candidate(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> 
             "device_kernels": sorted(set(device_kernels))[:20],
             "triton_launches": counter.triton_launches - launches,
         }, blobs)
+    phases.mark("first_case" if len(job["cases"]) == 1 else "cases")
     if not sanitize:
         _repeat(job, models, module.ModelNew, send, channel)
+        phases.mark("repeats")
     if channel is not None:
         channel.close()
-    finish({})
+    finish({"phase_s": phases.seconds})
 
 
 def _same_bits(a: Any, b: Any) -> bool:

@@ -156,6 +156,8 @@ def run_verification(
         extra: dict[str, Any] = {"sandbox": ref.mode if ref.mode != "cache" else "", "device": device,
                                  "interpreted": bool(info.interpreted), "compared_on": "device" if on_device else "host",
                                  "phase_s": {"reference": round(ref.seconds, 3)}}
+        if ref.mode != "cache":
+            extra["phase_s"].update(worker_phases("reference", ref.done))
         if ref.reason is not None:
             return verdict(Reason.HARNESS_ERROR, f"reference run failed: {ref.reason}: {ref.detail}", **extra)
         ref_cases = {int(f.header["index"]): f for f in ref.frames if f.header.get("kind") == "case"}
@@ -176,6 +178,7 @@ def run_verification(
                       candidate_source=source, ro_paths=ro, companion=link)
         extra["sandbox"] = out.mode
         extra["phase_s"]["candidate"] = round(out.seconds, 3)
+        extra["phase_s"].update(worker_phases("candidate", out.done))
         notes = _notes(ref)
         if link is not None and out.reason in (None, Reason.HARNESS_ERROR, Reason.CRASHED):
             probe = link.results.get(("probe", 0))
@@ -220,6 +223,16 @@ def run_verification(
         return second
     note = f" [a first run said: {first.detail[:300]}; not reproduced with an uncached reference]"
     return second.model_copy(update={"detail": (second.detail + note)[:2000]})
+
+
+def worker_phases(job: str, done: dict[str, Any]) -> dict[str, float]:
+    """A worker's own account of its seconds (process start, setup, cases, repeats), as
+    ``JOB.PHASE`` keys beside the parent's ``JOB`` total; nothing when the job did not finish."""
+    raw = done.get("phase_s") if isinstance(done, dict) else None
+    if not isinstance(raw, dict):
+        return {}
+    return {f"{job}.{k}": round(float(v), 3) for k, v in raw.items()
+            if isinstance(k, str) and isinstance(v, int | float) and v == v}
 
 
 def _notes(ref: JobOutcome) -> str:

@@ -250,9 +250,12 @@ def run_reference(job: dict[str, Any]) -> None:
     # would fail against it. Candidates are judged against what they may not switch on.
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
+    phases = Phases()
     cache: dict[str, Any] = {}
     path = Path(job["problem_path"])
-    for raw in job["cases"]:
+    for i, raw in enumerate(job["cases"]):
+        if i:  # the case before this one: the first builds the model and runs under the profiler
+            phases.mark("first_case" if i == 1 else "cases")
         if raw.get("sizes") == "auto":
             try:
                 base = load_case_problem(path, job["preset"], job.get("sizes")).sizes()
@@ -272,13 +275,15 @@ def run_reference(job: dict[str, Any]) -> None:
                 error = f"{type(exc).__name__}: {exc}"
         else:
             send({"kind": "case", "index": raw["index"], "error": error[:1000]})
+    phases.mark("first_case" if len(job["cases"]) == 1 else "cases")
     try:
         from kforge.problems import degenerate_flags
 
         flags = degenerate_flags(load_case_problem(path, job["preset"], job.get("sizes")))
     except Exception as exc:  # noqa: BLE001
         flags = [f"unchecked: {type(exc).__name__}"]
-    finish({"degenerate": flags})
+    phases.mark("degenerate_check")
+    finish({"degenerate": flags, "phase_s": phases.seconds})
 
 
 def main() -> None:

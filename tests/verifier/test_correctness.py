@@ -26,8 +26,15 @@ def test_honest_candidate_passes_every_case() -> None:
     assert v.max_margin == max(m.margin for m in v.margins) < 0.01  # type: ignore[type-var]
     assert v.preset == "ci"
     # where the seconds went, by the parent's clock (the reference may come from its cache: 0.0)
-    assert set(v.phase_s) == {"reference", "candidate"} and 0 < v.phase_s["candidate"] <= v.seconds
+    assert {"reference", "candidate"} <= set(v.phase_s) and 0 < v.phase_s["candidate"] <= v.seconds
     assert v.phase_s["reference"] + v.phase_s["candidate"] <= v.seconds
+    # each worker's own account, inside the parent's total for its job (a cached reference has none)
+    for job in ("reference", "candidate"):
+        mine = {k.split(".", 1)[1]: s for k, s in v.phase_s.items() if k.startswith(job + ".")}
+        if job == "candidate" or v.phase_s["reference"] > 0:
+            assert {"first_case", "cases"} <= set(mine), (job, v.phase_s)
+            assert sum(s for k, s in mine.items() if k != "startup") <= v.phase_s[job]
+    assert "candidate.import_candidate" in v.phase_s and "candidate.repeats" in v.phase_s
 
 
 def test_a_pass_by_a_hair_shows_in_its_margin() -> None:
