@@ -183,7 +183,8 @@ def get_init_inputs():
 '''
 
 
-def test_strict_checked_timing_takes_the_float64_answer_where_the_fp32_reference_is_off(tmp_path: Path) -> None:
+def test_strict_checked_timing_takes_the_float64_answer_where_the_fp32_reference_is_off(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Level2/015 on the H100: an fp32 GEMV folded from GEMM + row sum was 2.8e-4 off the fp32
     reference at one output near zero and the profile called it stale_output. Under a strict
     tolerance an output within it of the float64 reference is right, as in verification."""
@@ -211,3 +212,7 @@ def test_strict_checked_timing_takes_the_float64_answer_where_the_fp32_reference
     relaxed = CheckedTiming.prepare(problem, build_models(problem, None, 0, "cpu")[0], 0, "cpu", reps=4,
                                     tol=TOLERANCES["relaxed"])
     assert relaxed.exact is None  # fp32's rounding is far inside 1e-2: no float64 reference made
+    monkeypatch.setattr("kforge.verifier.checked.EXACT_MAX_BYTES", 8 * 4096)  # one content's, not both
+    big = CheckedTiming.prepare(problem, build_models(problem, None, 0, "cpu")[0], 0, "cpu", reps=4,
+                                tol=TOLERANCES["strict"])
+    assert big.exact is None  # outputs too large to hold twice more through the timing
