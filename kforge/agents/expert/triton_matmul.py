@@ -53,10 +53,12 @@ SPLITS = {"bf16": (False, False), "bf16x2": (True, False), "bf16x3": (True, True
           "fp16": (False, False), "fp16x2": (True, False), "fp16x3": (True, True)}
 
 
+SMEM_LIMIT = 232448  # bytes of shared memory a Triton program may use on the H100/H200
+
+
 def half_type(precision: str) -> str:
     """The Triton type of a 16-bit step's parts."""
     return "tl.float16" if precision.startswith("fp16") else "tl.bfloat16"
-SMEM_LIMIT = 232448  # bytes of shared memory a Triton program may use on the H100/H200
 
 
 class PlanError(ValueError):
@@ -104,18 +106,18 @@ def step_knobs(knobs: dict[str, Any], precision: str, m: int, n: int) -> dict[st
     return fit_shared_memory(out)
 
 
+# Round 0's step: fp16 where bf16 was (the same tensor-core rate and bytes, ~8x less error: on
+# the H100 17 of 41 level2 problems missed the relaxed tolerance with bf16 operands at margins
+# of 1.03-5.3, 15 on the H200 before), fp16x3 where bf16x3 was (~0.6x its error in a CPU simulation of a
+# 256 x 8192 x 8192 nn.Linear GEMM).
+DEFAULT_STEP = {"relaxed": "fp16", "strict": "fp16x3"}
+
+
 def default_gemm_knobs(program: Program, k: GemmKernel, policy: str) -> dict[str, Any]:
     """The cheapest step the policy allows (the verifier decides whether it is enough)."""
     base = {"GROUP_M": 8, "precast": 1}
     return step_knobs(base, DEFAULT_STEP[policy] if policy in DEFAULT_STEP else "bf16x3",
                       program.hint(k.m), program.hint(k.n))
-
-
-# Round 0's step: fp16 where bf16 was (the same tensor-core rate and bytes, ~8x less error: on
-# the H100/H200 17 of 41 level2 problems missed the relaxed tolerance with bf16 operands at
-# margins of 1.03-5.3), fp16x3 where bf16x3 was (~0.6x its error in a CPU simulation of a
-# 256 x 8192 x 8192 nn.Linear GEMM).
-DEFAULT_STEP = {"relaxed": "fp16", "strict": "fp16x3"}
 
 
 def check_knobs(knobs: dict[str, Any], policy: str) -> dict[str, Any]:
@@ -142,7 +144,7 @@ def operand_bytes(knobs: dict[str, Any]) -> tuple[int, int]:
 
 
 def b_in_registers(knobs: dict[str, Any]) -> bool:
-    """The ``b_regs`` knob in effect: a bf16 step with A precast (see :func:`loop_body`)."""
+    """The ``b_regs`` knob in effect: a 16-bit step with A precast (see :func:`loop_body`)."""
     return bool(knobs.get("b_regs")) and bool(knobs.get("precast")) and knobs.get("precision") in HALF_STEPS
 
 
