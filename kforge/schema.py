@@ -127,7 +127,8 @@ class Verdict(Record):
     device: str = "cpu"
     seconds: float = 0.0
     # wall seconds of the sandboxed jobs, seen by the parent: "reference" (0.0: from the cache),
-    # "candidate" (the candidate's worker, with the on-device judge); the rest is static checks
+    # "candidate" (the candidate's worker, with the on-device judge); the rest is static checks.
+    # "reference.PHASE" / "candidate.PHASE": each worker's own account (verify.worker_phases)
     phase_s: dict[str, float] = Field(default_factory=dict)
 
 

@@ -116,8 +116,7 @@ def run_candidate(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> 
     path = Path(job["problem_path"])
     models: dict[str, tuple[Any, Any]] = {}
     for i, raw in enumerate(job["cases"]):
-        if i:  # the case before this one: the first builds the models and runs under the profiler
-            phases.mark("first_case" if i == 1 else "cases")
+        phases.mark_cases(i)
         case = Case.from_json(raw)
         key = json.dumps(case.sizes, sort_keys=True)
         try:
@@ -188,7 +187,7 @@ def run_candidate(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> 
             "device_kernels": sorted(set(device_kernels))[:20],
             "triton_launches": counter.triton_launches - launches,
         }, blobs)
-    phases.mark("first_case" if len(job["cases"]) == 1 else "cases")
+    phases.mark_cases(len(job["cases"]))
     if not sanitize:
         _repeat(job, models, module.ModelNew, send, channel)
         phases.mark("repeats")

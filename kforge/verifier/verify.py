@@ -226,8 +226,9 @@ def run_verification(
 
 
 def worker_phases(job: str, done: dict[str, Any]) -> dict[str, float]:
-    """A worker's own account of its seconds (process start, setup, cases, repeats), as
-    ``JOB.PHASE`` keys beside the parent's ``JOB`` total; nothing when the job did not finish."""
+    """A worker's own account of its seconds (``startup``, ``first_case``, ``cases``; the
+    candidate's also ``judge_start``, ``import_candidate``, ``repeats``), as ``JOB.PHASE`` keys
+    beside the parent's ``JOB`` total; nothing when the job did not finish."""
     raw = done.get("phase_s") if isinstance(done, dict) else None
     if not isinstance(raw, dict):
         return {}

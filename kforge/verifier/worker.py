@@ -56,6 +56,12 @@ class Phases:
         self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._last, 3)
         self._last = now
 
+    def mark_cases(self, done: int) -> None:
+        """Close the case that just ran, the ``done``-th: the first (which builds the models and
+        runs under the profiler) is ``first_case``, the others add up in ``cases``."""
+        if done:
+            self.mark("first_case" if done == 1 else "cases")
+
 
 def open_channel(fd: int, nonce: bytes) -> tuple[Any, Any, Any]:
     """``send``, ``finish`` and ``fail`` bound to the result pipe, made before any candidate code
@@ -254,8 +260,7 @@ def run_reference(job: dict[str, Any]) -> None:
     cache: dict[str, Any] = {}
     path = Path(job["problem_path"])
     for i, raw in enumerate(job["cases"]):
-        if i:  # the case before this one: the first builds the model and runs under the profiler
-            phases.mark("first_case" if i == 1 else "cases")
+        phases.mark_cases(i)
         if raw.get("sizes") == "auto":
             try:
                 base = load_case_problem(path, job["preset"], job.get("sizes")).sizes()
@@ -275,7 +280,7 @@ def run_reference(job: dict[str, Any]) -> None:
                 error = f"{type(exc).__name__}: {exc}"
         else:
             send({"kind": "case", "index": raw["index"], "error": error[:1000]})
-    phases.mark("first_case" if len(job["cases"]) == 1 else "cases")
+    phases.mark_cases(len(job["cases"]))
     try:
         from kforge.problems import degenerate_flags
 
