@@ -57,9 +57,10 @@ PLANS: list[tuple[str, int, int, int, int, int, int]] = [
     ("bf16x3", 0, 128, 128, 32, 8, 4),
     ("fp16", 2, 256, 128, 64, 8, 3),  # the fp16 steps on their bf16 counterparts' tiles
     ("fp16", 1, 128, 256, 64, 8, 3),
-    ("fp16x2", 1, 128, 256, 64, 8, 3),
-    ("fp16x3", 1, 128, 256, 32, 8, 3),
+    ("fp16x2", 1, 128, 128, 64, 8, 3),  # split fp16 steps: two accumulators, so 128 x 128 at 8 warps
     ("fp16x3", 1, 128, 128, 64, 8, 3),
+    ("fp16x3", 1, 128, 128, 32, 8, 4),
+    ("fp16x3", 2, 128, 128, 64, 8, 3),
     ("tf32", 0, 128, 256, 32, 8, 3),
     ("tf32x3", 0, 128, 64, 32, 4, 4),
     ("tf32x3", 0, 128, 128, 32, 8, 4),
@@ -137,7 +138,10 @@ def judge(got: list, want: list) -> dict[str, Any]:
     return out
 
 
-def run_one(path: Path, device: str, preset: str, rounds: int) -> dict[str, Any]:
+def run_one(path: Path, device: str, preset: str, rounds: int, steps: tuple[str, ...] = (),
+            compile_baseline: bool = True) -> dict[str, Any]:
+    """One problem's plans (only those of ``steps`` when given); ``compile_baseline`` False
+    skips torch.compile (its x best is then over eager alone)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -162,14 +166,16 @@ def run_one(path: Path, device: str, preset: str, rounds: int) -> dict[str, Any]
         row["gflop"] = counter.get_total_flops() / 1e9
         torch.backends.cudnn.allow_tf32 = True  # PyTorch's defaults for the baselines
         row["eager_ms"] = do_bench(lambda: ref(*inputs), return_mode="median")
-        if gpu:
+        if gpu and compile_baseline:
             compiled = torch.compile(ref)
             compiled(*inputs)
             row["compile_ms"] = do_bench(lambda: compiled(*inputs), return_mode="median")
-        else:
-            row["compile_ms"] = row["eager_ms"]
-    best = min(row["eager_ms"], row["compile_ms"])
+        else:  # the CPU smoke has no compiler to time; a skipped one is no figure
+            row["compile_ms"] = row["eager_ms"] if not gpu else None
+    best = min(x for x in (row["eager_ms"], row["compile_ms"]) if x is not None)
     for i, plan in enumerate(PLANS):
+        if steps and plan[0] not in steps:
+            continue
         entry: dict[str, Any] = {"precision": plan[0], "precast": plan[1], "tiles": "x".join(map(str, plan[2:5])),
                                  "warps": plan[5], "stages": plan[6]}
         row["plans"].append(entry)
@@ -191,7 +197,7 @@ def run_one(path: Path, device: str, preset: str, rounds: int) -> dict[str, Any]
     return row
 
 
-def run(ids: list[str], out: Path, deadline: float) -> None:
+def run(ids: list[str], out: Path, deadline: float, extra: tuple[str, ...] = ()) -> None:
     """Each problem in a fresh process (a CUDA fault poisons its process, not the run)."""
     import subprocess
 
@@ -205,7 +211,7 @@ def run(ids: list[str], out: Path, deadline: float) -> None:
             print("deadline: stopping, resumable")
             return
         try:
-            proc = subprocess.run([sys.executable, __file__, "one", str(path)], capture_output=True,
+            proc = subprocess.run([sys.executable, __file__, "one", str(path), *extra], capture_output=True,
                                   text=True, timeout=left)
         except subprocess.TimeoutExpired:
             print(f"{path.stem}: cut by the deadline, resumable")
@@ -267,15 +273,20 @@ def main(argv: list[str] | None = None) -> int:
     o = sub.add_parser("one")
     o.add_argument("path", type=Path)
     o.add_argument("--rounds", type=int, default=2)
+    for sp in (r, o):
+        sp.add_argument("--steps", default="", help="only these precision steps' plans (comma-separated)")
+        sp.add_argument("--no-compile", action="store_true", help="skip torch.compile (x best is over eager)")
     t = sub.add_parser("table")
     t.add_argument("path", type=Path)
     s = sub.add_parser("smoke")
     s.add_argument("--problems", default="016")
     args = ap.parse_args(argv)
     if args.cmd == "run":
-        run(args.problems.split(","), args.out, args.deadline)
+        extra = (["--steps", args.steps] if args.steps else []) + (["--no-compile"] if args.no_compile else [])
+        run(args.problems.split(","), args.out, args.deadline, tuple(extra))
     elif args.cmd == "one":
-        print(json.dumps(run_one(args.path, "cuda", "full", args.rounds)), flush=True)
+        steps = tuple(x for x in args.steps.split(",") if x)
+        print(json.dumps(run_one(args.path, "cuda", "full", args.rounds, steps, not args.no_compile)), flush=True)
     elif args.cmd == "table":
         print(table(args.path), end="")
     else:

@@ -98,7 +98,7 @@ def test_precision_ladder_steps_up_after_a_mismatch() -> None:
     assert up.plan["knobs"][name]["precision"] == "fp16x2" and "precision -> fp16x2" in up.plan["notes"][-1]
     assert up.plan["failed_precisions"] == ["fp16"]
     again = AGENT.generate(req.model_copy(update=dict(round=2, previous_plan=up.plan, feedback=fb)))
-    assert again.plan["knobs"][name]["precision"] == "fp16x3" and again.plan["knobs"][name]["BLOCK_K"] == 32
+    assert again.plan["knobs"][name]["precision"] == "fp16x3" and again.plan["knobs"][name]["BLOCK_K"] == 64
     assert again.plan["failed_precisions"] == ["fp16", "fp16x2"]
     # a wide margin after passing tries a cheaper step, but never one that already failed
     ok = req.model_copy(update=dict(round=3, previous_plan=again.plan, feedback=[], verified_margin=0.001))
@@ -150,7 +150,8 @@ def test_step_down_and_up_follow_the_policy() -> None:
     ("fp16", "relaxed", 1.39, "fp16x3"),    # fp16x2 predicted at 0.97: over the target
     ("fp16", "relaxed", 0.9, "fp16x2"),     # a failure that is not an error margin: one step
     ("fp16", "relaxed", None, "fp16x2"),    # no margin on record: one step
-    ("bf16x3", "strict", 2.3, "tf32x3"),    # 020 strict: tf32x3 then passed at 0.33 (fp16x3: 1.35)
+    ("bf16x3", "strict", 2.3, "fp16x3"),    # 020 strict: fp16x3 (lo scaled) predicted at 0.35
+    ("bf16x3", "strict", 4.8, "tf32x3"),    # fp16x3 predicted at 0.72, tf32x3 at 0.69
     ("bf16x3", "strict", 1.1, "fp16x3"),    # 045 / 048 strict: fp16x3 predicted at 0.65
     ("fp16x3", "strict", 500.0, "ieee"),    # nothing predicted to pass: the top
 ])

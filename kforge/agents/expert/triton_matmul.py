@@ -12,9 +12,13 @@ epilogue's stores run on the finished tile. Precision modes (the ``precision`` k
     bf16x2   A split hi/lo, B rounded once: hi*hi + lo*hi (~2e-3)           relaxed
     bf16x3   hi/lo bf16 split: hi*hi + hi*lo + lo*hi (~1e-5)                strict, relaxed
     fp16, fp16x2, fp16x3  the same with fp16 parts: the tensor cores' bf16 rate, 3 more mantissa
-             bits (~8x less error for fp16 and fp16x2, ~0.6x for fp16x3, whose weight-sized lo
-             parts are subnormal), range +-65504 (an overflow fails verification and the ladder
-             leaves the fp16 steps)                                          fp16x3 strict too
+             bits, range +-65504 (an overflow fails verification and the ladder leaves the
+             fp16 steps). A split's lo parts are stored times 2^11 (``FP16_LO_SCALE``: exact,
+             and never past fp16's range, since |x - hi| <= |hi| 2^-11), so a weight-sized lo
+             (~5e-6) stays a normal fp16 number instead of a subnormal one with a few bits; the
+             lo products go to an accumulator of their own, scaled back once after the K loop.
+             fp16x3 then has tf32x3's error (~10x less than with unscaled lo parts, CPU
+             simulation: benchmarks/results/half_split_error_cpu.md)  fp16x3 strict too
 
 Strict admits a step when its designed error is below the strict tolerance (1e-4); whether a
 problem's output actually meets it is the verifier's call, and a mismatch moves the ladder up
@@ -54,11 +58,21 @@ SPLITS = {"bf16": (False, False), "bf16x2": (True, False), "bf16x3": (True, True
 
 
 SMEM_LIMIT = 232448  # bytes of shared memory a Triton program may use on the H100/H200
+# fp32 accumulator registers a thread may hold: a 128 x 256 tile over 8 warps is 128 (Hopper's
+# wgmma keeps the accumulator in registers; twice that spills)
+ACC_REGS_LIMIT = 128
+FP16_LO_SCALE = 2048  # 2^11: an fp16 split's lo parts are stored scaled by it (see the docstring)
 
 
 def half_type(precision: str) -> str:
     """The Triton type of a 16-bit step's parts."""
     return "tl.float16" if precision.startswith("fp16") else "tl.bfloat16"
+
+
+def scaled_lo(precision: str) -> bool:
+    """Does the step split an operand into fp16 parts (lo stored times ``FP16_LO_SCALE``, its
+    products summed in a second accumulator)?"""
+    return precision.startswith("fp16") and any(SPLITS.get(precision, (False, False)))
 
 
 class PlanError(ValueError):
@@ -80,9 +94,9 @@ STEP_TILES: dict[str, tuple[int, int, int, int, int]] = {
     "bf16": (256, 128, 64, 8, 3),
     "bf16x2": (128, 256, 64, 8, 3),
     "bf16x3": (128, 256, 32, 8, 3),
-    "fp16": (256, 128, 64, 8, 3),  # fp16 steps: bf16's tiles (same rate, same bytes; not swept)
-    "fp16x2": (128, 256, 64, 8, 3),
-    "fp16x3": (128, 256, 32, 8, 3),
+    "fp16": (256, 128, 64, 8, 3),  # fp16: bf16's tiles (same rate, same bytes; not swept)
+    "fp16x2": (128, 128, 64, 8, 3),  # split fp16 steps: two accumulators, half bf16x3's tile
+    "fp16x3": (128, 128, 64, 8, 3),
     "tf32": (128, 256, 32, 8, 3),
     "tf32x3": (128, 64, 32, 4, 4),
     "ieee": (128, 128, 32, 8, 3),
@@ -103,7 +117,7 @@ def step_knobs(knobs: dict[str, Any], precision: str, m: int, n: int) -> dict[st
            "num_warps": warps, "num_stages": stages, "precast": 1, "b_regs": STEP_B_REGS.get(precision, 0)}
     if m <= 64 or n <= 64:  # skinny: smaller tiles keep more programs busy
         out.update(BLOCK_M=64 if m > 64 else 32, BLOCK_N=64 if n > 64 else 32, num_warps=4)
-    return fit_shared_memory(out)
+    return fit_shared_memory(fit_registers(out))
 
 
 # Round 0's step: fp16 where bf16 was (the same tensor-core rate and bytes, ~8x less error: on
@@ -131,7 +145,24 @@ def check_knobs(knobs: dict[str, Any], policy: str) -> dict[str, Any]:
     for key in ("precast", "b_regs"):
         if knobs.get(key, 0) not in (0, 1):  # True / False compare equal to 1 / 0
             raise PlanError(f"{key} must be 0 or 1, got {knobs[key]!r}")
-    return fit_shared_memory(knobs)
+    return fit_shared_memory(fit_registers(knobs))
+
+
+def acc_regs(knobs: dict[str, Any]) -> int:
+    """fp32 accumulator registers per thread: the tile over the program's threads, twice for a
+    split fp16 step (:func:`scaled_lo`)."""
+    accumulators = 2 if scaled_lo(knobs.get("precision", "")) else 1
+    return accumulators * knobs["BLOCK_M"] * knobs["BLOCK_N"] // (32 * int(knobs.get("num_warps", 4)))
+
+
+def fit_registers(knobs: dict[str, Any], limit: int = ACC_REGS_LIMIT) -> dict[str, Any]:
+    """The larger of BLOCK_M / BLOCK_N halved until the accumulators fit ``limit`` registers
+    a thread (a tile that spills its accumulator runs at a fraction of the tensor cores' rate)."""
+    fitted = dict(knobs)
+    while acc_regs(fitted) > limit and max(fitted["BLOCK_M"], fitted["BLOCK_N"]) > 16:
+        key = "BLOCK_N" if fitted["BLOCK_N"] >= fitted["BLOCK_M"] else "BLOCK_M"
+        fitted[key] //= 2
+    return fitted
 
 
 def operand_bytes(knobs: dict[str, Any]) -> tuple[int, int]:
@@ -168,12 +199,12 @@ def fit_shared_memory(knobs: dict[str, Any], limit: int = SMEM_LIMIT,
     return fitted
 
 
-def _half_dot(x: str, y: str, swap: bool = False) -> list[str]:
+def _half_dot(x: str, y: str, swap: bool = False, acc: str = "acc") -> list[str]:
     x, y = (y, x) if swap else (x, y)
     return ["if INTERPRETED:",
-            f"    acc = tl.dot({x}.to(tl.float32), {y}.to(tl.float32), acc, input_precision='ieee')",
+            f"    {acc} = tl.dot({x}.to(tl.float32), {y}.to(tl.float32), {acc}, input_precision='ieee')",
             "else:",
-            f"    acc = tl.dot({x}, {y}, acc)"]
+            f"    {acc} = tl.dot({x}, {y}, {acc})"]
 
 
 def loop_body(precision: str, precast: bool = False, b_regs: bool = False) -> list[str]:
@@ -185,16 +216,18 @@ def loop_body(precision: str, precast: bool = False, b_regs: bool = False) -> li
         return [f"acc = tl.dot(a, b, acc, input_precision={precision!r})"]
     split_a, split_b = SPLITS[precision]
     half = half_type(precision)
+    # fp16 splits: lo scaled by 2^11 into an accumulator of its own (:func:`scaled_lo`)
+    lo_acc, up = ("acc_lo", f" * {FP16_LO_SCALE}.0") if scaled_lo(precision) else ("acc", "")
     lines = [] if precast else [f"a_hi = a.to({half})"]
     lines += [f"b_hi = b.to({half})"] if b_regs or not precast else []
     if split_a and not precast:
-        lines.append(f"a_lo = (a - a_hi.to(tl.float32)).to({half})")
+        lines.append(f"a_lo = ((a - a_hi.to(tl.float32)){up}).to({half})")
     if split_b and (b_regs or not precast):
-        lines.append(f"b_lo = (b - b_hi.to(tl.float32)).to({half})")
+        lines.append(f"b_lo = ((b - b_hi.to(tl.float32)){up}).to({half})")
     if split_b:
-        lines += _half_dot("a_hi", "b_lo", b_regs)
+        lines += _half_dot("a_hi", "b_lo", b_regs, lo_acc)
     if split_a:
-        lines += _half_dot("a_lo", "b_hi", b_regs)
+        lines += _half_dot("a_lo", "b_hi", b_regs, lo_acc)
     return lines + _half_dot("a_hi", "b_hi", b_regs)
 
 
@@ -209,11 +242,11 @@ def _kf_precast_kernel(src, hi, lo, off, R, C, s_b, s_r, s_c, d_b, d_r, d_c,
     x = tl.load(src + off + b * s_b + r * s_r + c * s_c, mask=mask, other=0.0).to(tl.float32)
     if MODE == 0:  # fp32 copy in another layout
         tl.store(hi + b * d_b + r * d_r + c * d_c, x, mask=mask)
-    elif FP16:
+    elif FP16:  # lo times 2^11 (FP16_LO_SCALE): a normal fp16 number where the plain lo is subnormal
         h = x.to(tl.float16)
         tl.store(hi + b * d_b + r * d_r + c * d_c, h, mask=mask)
         if MODE == 2:
-            tl.store(lo + b * d_b + r * d_r + c * d_c, (x - h.to(tl.float32)).to(tl.float16), mask=mask)
+            tl.store(lo + b * d_b + r * d_r + c * d_c, ((x - h.to(tl.float32)) * 2048.0).to(tl.float16), mask=mask)
     else:
         h = x.to(tl.bfloat16)
         tl.store(hi + b * d_b + r * d_r + c * d_c, h, mask=mask)
@@ -321,6 +354,9 @@ def gemm_kernel(k: GemmKernel, knobs: dict[str, Any], policy: str) -> tuple[str,
                    f"    b_off = {b_rel} + rk[:, None] * {sb[1]} + {b_cols}[None, :] * {sb[2]}\n"
                    "    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
     untranspose = "    acc = tl.trans(acc)\n" if b_regs else ""
+    if scaled_lo(precision):  # the lo products' accumulator, scaled back once (exact: 2^-11)
+        offsets += "\n    acc_lo = tl.zeros_like(acc)"
+        untranspose = f"    acc += acc_lo * (1.0 / {FP16_LO_SCALE})\n" + untranspose
     src = f"""@triton.jit
 def {k.name}({operands}{args.params()},
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
