@@ -139,7 +139,7 @@ def judge(got: list, want: list) -> dict[str, Any]:
 
 
 def run_one(path: Path, device: str, preset: str, rounds: int, steps: tuple[str, ...] = (),
-            compile_baseline: bool = True) -> dict[str, Any]:
+            compile_baseline: bool = True, scale: float = 1.0) -> dict[str, Any]:
     """One problem's plans (only those of ``steps`` when given); ``compile_baseline`` False
     skips torch.compile (its x best is then over eager alone)."""
     import torch
@@ -158,6 +158,9 @@ def run_one(path: Path, device: str, preset: str, rounds: int, steps: tuple[str,
     row: dict[str, Any] = {"problem": path.stem, "plans": []}
     problem = load_problem(path, preset=preset)
     ref, inputs = reference_case(problem, 0, device=device)
+    if scale != 1.0:  # the verifier's "scaled" case: floating inputs times 64 (kforge.verifier.inputs)
+        inputs = [v * scale if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in inputs]
+        row["input_scale"] = scale
     with torch.no_grad():
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
@@ -276,17 +279,20 @@ def main(argv: list[str] | None = None) -> int:
     for sp in (r, o):
         sp.add_argument("--steps", default="", help="only these precision steps' plans (comma-separated)")
         sp.add_argument("--no-compile", action="store_true", help="skip torch.compile (x best is over eager)")
+        sp.add_argument("--scale", type=float, default=1.0, help="floating inputs times this (64: the verifier's scaled case)")
     t = sub.add_parser("table")
     t.add_argument("path", type=Path)
     s = sub.add_parser("smoke")
     s.add_argument("--problems", default="016")
     args = ap.parse_args(argv)
     if args.cmd == "run":
-        extra = (["--steps", args.steps] if args.steps else []) + (["--no-compile"] if args.no_compile else [])
+        extra = ((["--steps", args.steps] if args.steps else []) + (["--no-compile"] if args.no_compile else [])
+                 + ["--scale", str(args.scale)])
         run(args.problems.split(","), args.out, args.deadline, tuple(extra))
     elif args.cmd == "one":
         steps = tuple(x for x in args.steps.split(",") if x)
-        print(json.dumps(run_one(args.path, "cuda", "full", args.rounds, steps, not args.no_compile)), flush=True)
+        print(json.dumps(run_one(args.path, "cuda", "full", args.rounds, steps, not args.no_compile, args.scale)),
+              flush=True)
     elif args.cmd == "table":
         print(table(args.path), end="")
     else:

@@ -28,10 +28,11 @@ its contiguous dimension, so the K loop streams half the bytes and feeds the ten
 straight from shared memory (without it the K loop loads fp32 and converts every tile in
 registers); on the fp32 steps it copies an operand whose K is not its contiguous dimension into a
 K-major one (TF32 tensor-core operands must be K-major; a transposed tile costs 1.5-4x).
-The ``b_regs`` knob (the bf16 step's default) precasts A only: B is loaded as fp32 and rounded in
-registers, and the tile is computed transposed (``acc`` is [BLOCK_N, BLOCK_M], B's tile is
-``tl.dot``'s first operand) so the converted operand feeds the tensor cores from registers; the
-weight then costs no pass of its own per call.
+The ``b_regs`` knob (the default of bf16, fp16 and fp16x3: :data:`STEP_B_REGS`) precasts A
+only: B is loaded as fp32 and rounded [and split] in registers, and the tile is computed
+transposed (``acc`` is [BLOCK_N, BLOCK_M], B's tile is ``tl.dot``'s first operand) so the
+converted operand feeds the tensor cores from registers; the weight then costs no pass of its
+own per call.
 
 The CPU interpreter's bf16 ``tl.dot`` is wrong (Triton 3.9), so under ``TRITON_INTERPRET=1``
 bf16 products are computed as fp32 products of the bf16-rounded operands: the same
@@ -106,8 +107,10 @@ STEP_TILES: dict[str, tuple[int, int, int, int, int]] = {
 # Steps whose B operand (the weight) is rounded in registers rather than precast (``b_regs``):
 # on the H100, bf16 with b_regs at 256x128x64 ran 0.34 ms against 0.375 ms for the best precast
 # plan, 1024 x 8192 x 8192 (the weight's per-call pass is gone); bf16x2 / bf16x3 lost with it
-# (twice the in-register splitting per tile).
-STEP_B_REGS = {"bf16": 1, "fp16": 1}
+# (twice the in-register splitting per tile). fp16x3 (lo scaled, 128 x 128 x 64) won with it on
+# the H100: 0.848-1.162 ms against 0.907-1.253 ms precast, on 001, 020, 045 and 048
+# (benchmarks/results/gemm_fp16x3_scaled_h100.md).
+STEP_B_REGS = {"bf16": 1, "fp16": 1, "fp16x3": 1}
 
 
 def step_knobs(knobs: dict[str, Any], precision: str, m: int, n: int) -> dict[str, Any]:
