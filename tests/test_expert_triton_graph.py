@@ -10,6 +10,7 @@ import pytest
 
 from kforge.agents.expert.analysis import recommend
 from kforge.agents.expert.planner import plan_problem
+from kforge.agents.expert.triton_analysis import host_gap_ms
 from kforge.agents.expert.triton_graph import graphable, writes_state
 from kforge.agents.expert.triton_render import default_knobs, render_triton
 from kforge.schema import AnalysisRequest, KernelStat, Profile, Timing
@@ -89,6 +90,18 @@ def test_the_analysis_asks_for_the_graph_when_the_gpu_idles_between_launches() -
     assert busy.bottleneck != "launch"
 
 
+def test_operator_rows_do_not_count_their_kernels_twice() -> None:
+    """The H100 select table of 001 relaxed with the graph on: the GEMM (293.6 us a call), A's
+    precast (17.1 us) and the copy out of the graph's memory (20.6 us), which the profiler lists
+    three times (aten::clone, aten::copy_ and the memcpy itself), in a 0.4195 ms call."""
+    table = {"k0": 293.55, "aten::clone": 20.55, "aten::copy_": 20.55, "Memcpy DtoD (Device -> Device)": 20.55,
+             "_kf_precast_kernel": 17.09}
+    timing = Timing(median_ms=0.4195, mean_ms=0.4195, cv=0.01, reps=30, min_ms=0.4195)
+    profile = Profile(ok=True, device="cuda", candidate=timing,
+                      kernels=[KernelStat(name=n, calls=3, total_us=us * 3) for n, us in table.items()])
+    assert host_gap_ms(profile) == pytest.approx(0.4195 - (293.55 + 20.55 + 17.09) / 1000, abs=1e-6)
+
+
 def test_the_graph_action_reaches_the_next_rounds_knobs() -> None:
     from kforge.agents.expert.compiler import apply_params
 
@@ -105,3 +118,25 @@ def test_a_graph_that_leaves_the_gpu_idle_is_turned_off() -> None:
     # replayed (kernels fill the call): the knob stays, the advice is about the kernels
     replayed = _advice(_profile(0.31, [193.0, 54.0, 54.0]), graph_knob=1)
     assert all(a.kind != "graph" for a in replayed.actions)
+
+
+def test_the_fuse_advice_counts_kernels_not_operator_rows() -> None:
+    """001's table (graph on, A precast, the weight rounded in registers) is the three kernels
+    the plan makes: no advice to fuse; an unplanned fourth kernel is one."""
+    plan = {"kernels": [{"name": "k0", "kind": "gemm"}], "cuda_graph": 1, "precision": "fp16",
+            "knobs": {"k0": {"precision": "fp16", "precast": 1, "b_regs": 1}}}
+    rows = {"k0": 293.55, "aten::clone": 20.55, "aten::copy_": 20.55, "Memcpy DtoD (Device -> Device)": 20.55,
+            "_kf_precast_kernel": 17.09}
+    timing = Timing(median_ms=0.35, mean_ms=0.35, cv=0.01, reps=30, min_ms=0.35)
+
+    def advice(table: dict[str, float]) -> Any:
+        profile = Profile(ok=True, device="cuda", candidate=timing, eager=timing.model_copy(update={"median_ms": 2.8}),
+                          kernels=[KernelStat(name=n, calls=3, total_us=us * 3) for n, us in table.items()],
+                          flops=2.0 * 1024 * 8192 * 8192, min_bytes=4.0 * (2 * 1024 * 8192 + 8192 * 8192))
+        return recommend(AnalysisRequest(problem_name="p", platform="triton", policy="relaxed",
+                                         candidate_source="", profile=profile, plan=plan))
+
+    fitted = advice(rows)
+    assert fitted.evidence["kernels"] == 3 and all(a.kind != "fuse" for a in fitted.actions)
+    extra = advice({**rows, "elementwise_kernel": 15.0})
+    assert extra.actions[0].kind == "fuse" and "4 kernels where 3 suffice" in extra.actions[0].rationale

@@ -74,3 +74,23 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert main([str(cand), "--problem", str(off.PROBLEM), *build]) == 1
     assert "output_mismatch" in capsys.readouterr().out
     assert os.path.exists(SCALE_TANH)
+
+
+def test_the_kernel_table_holds_the_candidates_work_alone() -> None:
+    """The input set is refilled before the profiler starts: refilled inside it, the harness's
+    in-place ``mul_`` read as a candidate kernel called once (the analysis then asked to fuse
+    it away and counted one call where there were three)."""
+    import torch
+
+    from kforge.verifier.candidate_run import _kernel_table, candidate_kernels
+    from kforge.verifier.timing import InputPlan
+
+    plan = InputPlan.scaled([torch.randn(64, 64)])
+    plan.load(0, 1)  # buffer set 0 holds the other contents: load(0, 0) scales it back in place
+    rows = candidate_kernels(torch.tanh, plan, "cpu")
+    names = {r["name"]: r["calls"] for r in rows}
+    assert names.get("aten::tanh") == 3 and "aten::mul_" not in names, names
+    # the control: the same refill inside the profiled calls shows up as the harness's row
+    contents = iter([1, 0, 1])
+    inside = {r["name"] for r in _kernel_table(lambda: torch.tanh(*plan.load(0, next(contents))), "cpu")}
+    assert "aten::mul_" in inside

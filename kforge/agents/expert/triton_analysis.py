@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kforge.schema import Action, AnalysisRequest, Profile, Recommendation
+from kforge.schema import Action, AnalysisRequest, KernelStat, Profile, Recommendation
 
 # Dense tensor/FMA rates (GFLOP/s) per precision mode on the H200, and copy bandwidth (GB/s).
 PEAK_GFLOPS = {
@@ -200,16 +200,23 @@ HOST_GAP_MIN_MS = 0.02  # an idle gap below this is launch noise
 HOST_GAP_SHARE = 0.15  # ... or below this share of the call
 
 
+def device_rows(profile: Profile) -> list[KernelStat]:
+    """The kernel table's rows of device work: an operator's row (``aten::clone`` around the
+    graph's copy-out, a ``kforge::`` range) repeats the time of the kernels it launched."""
+    return [k for k in profile.kernels if not k.name.startswith(("aten::", "kforge::"))]
+
+
 def host_gap_ms(profile: Profile) -> float | None:
     """Per call, the candidate's median time less the device time of its kernels (the select /
     profile kernel table: a few calls under the profiler; each kernel runs at least once per
     call, so the least-called kernel's count is the number of calls). None without a table."""
-    if profile.candidate is None or not profile.kernels or profile.device != "cuda":
+    rows = device_rows(profile)
+    if profile.candidate is None or not rows or profile.device != "cuda":
         return None
-    calls = min(k.calls for k in profile.kernels)
+    calls = min(k.calls for k in rows)
     if calls <= 0:
         return None
-    busy_ms = sum(k.total_us for k in profile.kernels) / calls / 1000.0
+    busy_ms = sum(k.total_us for k in rows) / calls / 1000.0
     return max(0.0, profile.candidate.median_ms - busy_ms)
 
 
@@ -230,13 +237,14 @@ def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommenda
     gflops = profile.achieved_gflops or (profile.flops / (ms * 1e6) if ms > 0 else 0.0)
     gbps = profile.achieved_gbps or (profile.min_bytes / (ms * 1e6) if ms > 0 else 0.0)
     compute_frac, bw_frac = gflops / peak_gflops, gbps / peak_gbps
+    kernels = device_rows(profile) if profile.device == "cuda" else profile.kernels
     evidence: dict[str, float] = {
         "median_ms": ms,
         "achieved_gflops": gflops,
         "achieved_gbps": gbps,
         "compute_fraction": compute_frac,
         "bandwidth_fraction": bw_frac,
-        "kernels": float(len(profile.kernels)),
+        "kernels": float(len(kernels)),
     }
     for key, name in ((OCCUPANCY, "occupancy_pct"), (REGISTERS, "registers"), (SPILLS, "spills")):
         value = profile.extra.get(key)
@@ -254,9 +262,9 @@ def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommenda
         expected_kernels = len(planned) + precasts
     else:
         expected_kernels = 3 if kind == "gemm" and plan.get("precast") else 1
-    if plan.get("cuda_graph") == 1:  # the copy out of the graph's memory: aten::clone, copy_, its kernel
-        expected_kernels += 3
-    if len(profile.kernels) > expected_kernels:
+    if plan.get("cuda_graph") == 1 and profile.device == "cuda":  # the copy out of the graph's memory
+        expected_kernels += 1
+    if len(kernels) > expected_kernels:
         return Recommendation(
             bottleneck="launch",
             evidence=evidence,
@@ -264,8 +272,8 @@ def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommenda
                 Action(
                     kind="fuse",
                     params={},
-                    expected_gain=float(len(profile.kernels)) / expected_kernels,
-                    rationale=f"{len(profile.kernels)} kernels where {expected_kernels} suffice",
+                    expected_gain=float(len(kernels)) / expected_kernels,
+                    rationale=f"{len(kernels)} kernels where {expected_kernels} suffice",
                 )
             ],
             summary="more kernel launches than the pattern needs",
