@@ -120,6 +120,28 @@ def test_a_graph_that_leaves_the_gpu_idle_is_turned_off() -> None:
     assert all(a.kind != "graph" for a in replayed.actions)
 
 
+def test_a_replayed_graph_stays_on_despite_the_hosts_share_of_the_call() -> None:
+    """001 relaxed on the H100: the graph replays (its output's copy, a device-to-device memcpy
+    every call) and the GPU still idles 0.088 ms of the 0.4195 ms call, the host's part of a
+    replayed call; without the graph the call took 0.47 ms, so the knob stays on."""
+    table = {"k0": 293.55, "aten::clone": 20.55, "aten::copy_": 20.55, "Memcpy DtoD (Device -> Device)": 20.55,
+             "_kf_precast_kernel": 17.09}
+    timing = Timing(median_ms=0.4195, mean_ms=0.4195, cv=0.01, reps=30, min_ms=0.4195)
+
+    def profile(rows: dict[str, float]) -> Profile:
+        return Profile(ok=True, device="cuda", candidate=timing, eager=timing.model_copy(update={"median_ms": 2.85}),
+                       kernels=[KernelStat(name=n, calls=3, total_us=us * 3) for n, us in rows.items()],
+                       flops=2.0 * 1024 * 8192 * 8192, min_bytes=4.0 * (2 * 1024 * 8192 + 8192 * 8192))
+
+    on = _advice(profile(table), graph_knob=1)
+    assert on.evidence["host_gap_ms"] > 0.15 * 0.4195
+    assert all(a.kind != "graph" for a in on.actions) and on.bottleneck != "launch"
+    # the same gap with no copy in the table: the graph never replayed, so it goes off
+    eager = {n: us for n, us in table.items() if n.startswith(("k0", "_kf"))}
+    off = _advice(profile(eager), graph_knob=1)
+    assert off.actions[0].params == {"cuda_graph": 0}
+
+
 def test_the_fuse_advice_counts_kernels_not_operator_rows() -> None:
     """001's table (graph on, A precast, the weight rounded in registers) is the three kernels
     the plan makes: no advice to fuse; an unplanned fourth kernel is one."""
@@ -140,3 +162,26 @@ def test_the_fuse_advice_counts_kernels_not_operator_rows() -> None:
     assert fitted.evidence["kernels"] == 3 and all(a.kind != "fuse" for a in fitted.actions)
     extra = advice({**rows, "elementwise_kernel": 15.0})
     assert extra.actions[0].kind == "fuse" and "4 kernels where 3 suffice" in extra.actions[0].rationale
+
+
+def test_no_advice_for_a_pipeline_that_cannot_fit() -> None:
+    """001 relaxed (fp16, weight in registers, 256 x 128 x 64, 3 stages): a fourth stage needs
+    256 KB of shared memory, the fitting takes it back to three, and the next round would be the
+    same kernel; the analysis says so instead of advising it. Half the stages' bytes (BLOCK_K
+    32) and the fourth stage is advised."""
+    kv = {"GROUP_M": 8, "precast": 1, "precision": "fp16", "BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64,
+          "num_warps": 8, "num_stages": 3, "b_regs": 1, "cuda_graph": 1}
+    table = {"k0": 293.55, "Memcpy DtoD (Device -> Device)": 20.55, "_kf_precast_kernel": 17.09}
+    timing = Timing(median_ms=0.4195, mean_ms=0.4195, cv=0.01, reps=30, min_ms=0.4195)
+    profile = Profile(ok=True, device="cuda", candidate=timing, eager=timing.model_copy(update={"median_ms": 2.85}),
+                      kernels=[KernelStat(name=n, calls=3, total_us=us * 3) for n, us in table.items()],
+                      flops=2.0 * 1024 * 8192 * 8192, min_bytes=4.0 * (2 * 1024 * 8192 + 8192 * 8192))
+
+    def advice(knobs: dict[str, Any]) -> Any:
+        plan = {"kernels": [{"name": "k0", "kind": "gemm"}], "knobs": {"k0": knobs}, **knobs}
+        return recommend(AnalysisRequest(problem_name="p", platform="triton", policy="relaxed",
+                                         candidate_source="", profile=profile, plan=plan))
+
+    full = advice(kv)
+    assert full.actions == [] and "no knob change left that fits" in full.summary
+    assert [a.params for a in advice({**kv, "BLOCK_K": 32}).actions] == [{"num_stages": 4}]

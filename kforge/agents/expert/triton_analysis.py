@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kforge.agents.expert.triton_matmul import PlanError, fit_registers, fit_shared_memory
 from kforge.schema import Action, AnalysisRequest, KernelStat, Profile, Recommendation
 
 # Dense tensor/FMA rates (GFLOP/s) per precision mode on the H200, and copy bandwidth (GB/s).
@@ -149,7 +150,23 @@ def _gemm_actions(
                 rationale=f"achieved occupancy {occupancy:.0f}%: fewer warps per program, more programs per SM",
             )
         )
-    return actions
+    return [a for a in actions if a.kind == "precision" or _changes_tiles(plan, a.params)]
+
+
+TILE_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
+
+
+def _changes_tiles(plan: dict[str, Any], params: dict[str, Any]) -> bool:
+    """Does the action still change the GEMM's tiles once they are fitted to shared memory and
+    the accumulators' registers (what ``check_knobs`` does to the next round's knobs)? A deeper
+    pipeline that does not fit comes back as the same kernel: a round spent on nothing."""
+    if not all(k in plan for k in TILE_KEYS):
+        return True
+    try:
+        fitted = fit_shared_memory(fit_registers({**plan, **params}))
+    except PlanError:
+        return False
+    return any(fitted[k] != plan[k] for k in TILE_KEYS)
 
 
 def _memory_actions(
@@ -204,6 +221,17 @@ def device_rows(profile: Profile) -> list[KernelStat]:
     """The kernel table's rows of device work: an operator's row (``aten::clone`` around the
     graph's copy-out, a ``kforge::`` range) repeats the time of the kernels it launched."""
     return [k for k in profile.kernels if not k.name.startswith(("aten::", "kforge::"))]
+
+
+def replayed(profile: Profile) -> bool:
+    """Did the profiled calls replay a CUDA graph? A replay returns a copy of the graph's output
+    (``_kf_copy_out``): a device-to-device memcpy on every call, which the eager path of a
+    Triton candidate never makes. A replayed call still leaves the GPU idle for the host's part
+    of it (~0.05 ms on the H100, ``benchmarks/results/call_overhead_gpu.md``): that gap is no
+    reason to turn the graph off, which costs more (0.47 against 0.40 ms there)."""
+    rows = device_rows(profile)
+    calls = min((k.calls for k in rows), default=0)
+    return calls > 0 and any(k.name.startswith("Memcpy DtoD") and k.calls >= calls for k in rows)
 
 
 def host_gap_ms(profile: Profile) -> float | None:
@@ -291,7 +319,7 @@ def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommenda
                                           "(Python launches, allocations): replay the launches from a CUDA graph")],
                 summary="host-side launch overhead leaves the GPU idle",
             )
-        if plan.get("cuda_graph") == 1 and idle:  # a replay leaves no such gap: the graph is not replayed here
+        if plan.get("cuda_graph") == 1 and idle and not replayed(profile):  # the graph never ran
             return Recommendation(
                 bottleneck="launch",
                 evidence=evidence,
@@ -325,7 +353,8 @@ def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommenda
                 rationale=f"{spills:.0f} bytes of register spills: spread the tile over more warps",
             ),
         )
-    summary = f"{kind} at {where}" + ("; near the roofline" if not actions else "")
+    near = max(compute_frac, bw_frac) >= NEAR_ROOFLINE
+    summary = f"{kind} at {where}" + ("" if actions else "; near the roofline" if near else "; no knob change left that fits")
     return Recommendation(
         bottleneck=bottleneck, evidence=evidence, actions=actions[:3], summary=summary
     )
