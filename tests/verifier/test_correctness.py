@@ -152,3 +152,38 @@ def test_frobenius_norm_on_heavy_inputs_verifies_against_float64(tmp_path) -> No
     assert v.ok, v.detail
     rules = {m.dist: m.rule for m in v.margins if not m.other_sizes}
     assert rules["native"] in ("elementwise", "norm") and "exact" in rules.values(), rules
+
+
+def test_the_degenerate_note_is_checked_at_the_ci_sizes(tmp_path) -> None:
+    """The reference worker's degeneracy note runs the reference twice: at the ci sizes, never
+    at the timed ones (here 4e10 elements a tensor, which would not even allocate)."""
+    import time as clock
+
+    from kforge.verifier.worker import degenerate_check
+
+    src = '''import torch
+import torch.nn as nn
+
+N = 200000
+PRESETS = {"ci": {"N": 64}}
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return (x - x) * 3.0
+
+
+def get_inputs():
+    return [torch.randn(N, N)]
+
+
+def get_init_inputs():
+    return []
+'''
+    path = tmp_path / "huge_zero.py"
+    path.write_text(src)
+    start = clock.monotonic()
+    assert degenerate_check(path) == ["zero_output_passes", "constant_output_passes"]
+    assert clock.monotonic() - start < 30
+    path.write_text("this is not python")
+    assert degenerate_check(path)[0].startswith("unchecked: ")
