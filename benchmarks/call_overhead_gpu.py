@@ -110,30 +110,9 @@ def run_one(path: Path, policy: str, device: str, preset: str, reps: int) -> dic
 
 
 def run(ids: list[str], policy: str, out: Path, deadline: float, reps: int) -> None:
-    import subprocess
+    from gemm_epilogue_gpu import run_each
 
-    from gemm_epilogue_gpu import problem_paths
-
-    start = time.monotonic()
-    done = {json.loads(x)["problem"] for x in out.read_text().splitlines() if x.strip()} if out.is_file() else set()
-    for path in problem_paths(ROOT / "problems" / "level2", ids):
-        left = deadline - (time.monotonic() - start)
-        if path.stem in done:
-            continue
-        if left < 20:
-            print("deadline: stopping, resumable")
-            return
-        try:
-            proc = subprocess.run([sys.executable, __file__, "one", str(path), "--policy", policy, "--reps", str(reps)],
-                                  capture_output=True, text=True, timeout=left)
-        except subprocess.TimeoutExpired:
-            print(f"{path.stem}: cut by the deadline, resumable")
-            return
-        lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
-        row = json.loads(lines[-1]) if lines else {"problem": path.stem, "error": proc.stderr[-600:]}
-        with out.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        print(path.stem, "done", flush=True)
+    run_each(__file__, ids, out, deadline, ("--policy", policy, "--reps", str(reps)), reserve=20)
 
 
 def table(path: Path) -> str:

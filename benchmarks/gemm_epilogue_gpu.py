@@ -201,7 +201,14 @@ def run_one(path: Path, device: str, preset: str, rounds: int, steps: tuple[str,
 
 
 def run(ids: list[str], out: Path, deadline: float, extra: tuple[str, ...] = ()) -> None:
-    """Each problem in a fresh process (a CUDA fault poisons its process, not the run)."""
+    run_each(__file__, ids, out, deadline, extra, reserve=40)
+
+
+def run_each(script: str, ids: list[str], out: Path, deadline: float, extra: tuple[str, ...] = (),
+             reserve: float = 40) -> None:
+    """``script one PATH *extra`` for each problem of ``ids`` in a fresh process (a CUDA fault
+    poisons its process, not the run), its last JSON line appended to ``out``; problems already
+    there are skipped, and none starts with less than ``reserve`` of ``deadline``'s seconds left."""
     import subprocess
 
     start = time.monotonic()
@@ -210,11 +217,11 @@ def run(ids: list[str], out: Path, deadline: float, extra: tuple[str, ...] = ())
         left = deadline - (time.monotonic() - start)
         if path.stem in done:
             continue
-        if left < 40:
+        if left < reserve:
             print("deadline: stopping, resumable")
             return
         try:
-            proc = subprocess.run([sys.executable, __file__, "one", str(path), *extra], capture_output=True,
+            proc = subprocess.run([sys.executable, script, "one", str(path), *extra], capture_output=True,
                                   text=True, timeout=left)
         except subprocess.TimeoutExpired:
             print(f"{path.stem}: cut by the deadline, resumable")
