@@ -249,7 +249,7 @@ def _kf_precast_kernel(src, hi, lo, off, R, C, s_b, s_r, s_c, d_b, d_r, d_c,
         h = x.to(tl.float16)
         tl.store(hi + b * d_b + r * d_r + c * d_c, h, mask=mask)
         if MODE == 2:
-            tl.store(lo + b * d_b + r * d_r + c * d_c, ((x - h.to(tl.float32)) * 2048.0).to(tl.float16), mask=mask)
+            tl.store(lo + b * d_b + r * d_r + c * d_c, ((x - h.to(tl.float32)) * @LO_SCALE@).to(tl.float16), mask=mask)
     else:
         h = x.to(tl.bfloat16)
         tl.store(hi + b * d_b + r * d_r + c * d_c, h, mask=mask)
@@ -279,7 +279,7 @@ def _kf_precast(src, off, strides, nb, rows, cols, mode, k_dim, fp16=False):
     _kf_precast_kernel[grid](src, hi, lo, off, rows, cols, s_b, s_r, s_c, *d,
                              BLOCK_R=64, BLOCK_C=64, MODE=mode, FP16=fp16, num_warps=4)
     return hi, lo, ((0 if s_b == 0 else d[0]), d[1], d[2]), 0
-'''
+'''.replace("@LO_SCALE@", f"{FP16_LO_SCALE}.0")
 
 
 def uses_precast(knobs: dict[str, dict[str, Any]]) -> bool:
