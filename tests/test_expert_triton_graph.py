@@ -32,7 +32,9 @@ def test_the_knob_starts_on_and_renders_a_replaying_forward() -> None:
     assert "def forward(self, *args):\n        return _kf_graphed(self, self._kf_forward, args)" in src
     assert src.count("def _kf_forward(self, x0):") == 1
     # every call still runs every kernel: the wrapper keys graphs on buffers, never on values
-    assert "graph.replay()" in src and "_kf_copy_out(out)" in src
+    assert "graph.replay()" in src and "_kf_capture(fn, args, None)" in src
+    # a result the caller still holds is never rewritten: a second graph, its output copied
+    assert "_kf_map(torch.Tensor.clone, copier[1])" in src and "if lend and _kf_returned(refs):" in src
     assert static_check(src, GEMM, platform="triton") == []
     compile(src, "cand.py", "exec")
 
@@ -136,6 +138,12 @@ def test_a_replayed_graph_stays_on_despite_the_hosts_share_of_the_call() -> None
     on = _advice(profile(table), graph_knob=1)
     assert on.evidence["host_gap_ms"] > 0.15 * 0.4195
     assert all(a.kind != "graph" for a in on.actions) and on.bottleneck != "launch"
+    # a replay that lends its output makes no copy; its launches are the table's host rows
+    lent = {n: us for n, us in table.items() if n.startswith(("k0", "_kf"))}
+    launches = Profile(**{**profile(lent).model_dump(), "kernels": [
+        *profile(lent).kernels, KernelStat(name="cudaGraphLaunch", calls=3, total_us=0.0)]})
+    kept = _advice(launches, graph_knob=1)
+    assert all(a.kind != "graph" for a in kept.actions) and kept.evidence["kernels"] == 2
     # the same gap with no copy in the table: the graph never replayed, so it goes off
     eager = {n: us for n, us in table.items() if n.startswith(("k0", "_kf"))}
     off = _advice(profile(eager), graph_knob=1)

@@ -217,21 +217,29 @@ HOST_GAP_MIN_MS = 0.02  # an idle gap below this is launch noise
 HOST_GAP_SHARE = 0.15  # ... or below this share of the call
 
 
+GRAPH_LAUNCH = "cudaGraphLaunch"  # the kernel table's host row of a replay (candidate_run.GRAPH_LAUNCH)
+
+
 def device_rows(profile: Profile) -> list[KernelStat]:
     """The kernel table's rows of device work: an operator's row (``aten::clone`` around the
-    graph's copy-out, a ``kforge::`` range) repeats the time of the kernels it launched."""
-    return [k for k in profile.kernels if not k.name.startswith(("aten::", "kforge::"))]
+    graph's copy-out, a ``kforge::`` range) repeats the time of the kernels it launched, and a
+    graph launch's row is the host's."""
+    return [k for k in profile.kernels if not k.name.startswith(("aten::", "kforge::")) and k.name != GRAPH_LAUNCH]
 
 
 def replayed(profile: Profile) -> bool:
-    """Did the profiled calls replay a CUDA graph? A replay returns a copy of the graph's output
-    (``_kf_copy_out``): a device-to-device memcpy on every call, which the eager path of a
-    Triton candidate never makes. A replayed call still leaves the GPU idle for the host's part
-    of it (~0.05 ms on the H100, ``benchmarks/results/call_overhead_gpu.md``): that gap is no
-    reason to turn the graph off, which costs more (0.47 against 0.40 ms there)."""
+    """Did the profiled calls replay a CUDA graph? Each replay is a ``cudaGraphLaunch`` row of
+    the table, which the eager path of a Triton candidate never makes; tables recorded before
+    that row was kept show the replay as the copy of its output (a device-to-device memcpy on
+    every call). A replayed call still leaves the GPU idle for the host's part of it (~0.02-0.05
+    ms on the H100, ``benchmarks/results/call_overhead_gpu.md``): that gap is no reason to turn
+    the graph off, which costs more (0.47 against 0.40 ms there)."""
     rows = device_rows(profile)
     calls = min((k.calls for k in rows), default=0)
-    return calls > 0 and any(k.name.startswith("Memcpy DtoD") and k.calls >= calls for k in rows)
+    if calls <= 0:
+        return False
+    return any(k.name == GRAPH_LAUNCH and k.calls >= calls for k in profile.kernels) or \
+        any(k.name.startswith("Memcpy DtoD") and k.calls >= calls for k in rows)
 
 
 def host_gap_ms(profile: Profile) -> float | None:
@@ -290,7 +298,7 @@ def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommenda
         expected_kernels = len(planned) + precasts
     else:
         expected_kernels = 3 if kind == "gemm" and plan.get("precast") else 1
-    if plan.get("cuda_graph") == 1 and profile.device == "cuda":  # the copy out of the graph's memory
+    if plan.get("cuda_graph") == 1 and profile.device == "cuda":  # a copy out of the graph's memory, at most
         expected_kernels += 1
     if len(kernels) > expected_kernels:
         return Recommendation(

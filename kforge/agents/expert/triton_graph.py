@@ -7,8 +7,16 @@ that host side leaves the GPU idle for 0.2-0.3 ms per call around a 0.2-0.6 ms G
 knob on, ``forward`` runs eagerly the first time it sees a set of buffers (inputs, parameters
 and buffers by address, shape, stride and dtype), captures a CUDA graph of the same work the
 second time, and from then on replays it: every kernel runs again on every call (the graph
-reads the buffers' current contents; nothing is cached but the launch sequence), and the
-result is copied out of the graph's memory so each call returns a tensor of its own.
+reads the buffers' current contents; nothing is cached but the launch sequence).
+
+The result lives in the graph's memory, which the next replay rewrites. It is lent without a
+copy (21 us of a 0.35 ms call for a 1024 x 8192 output on the H100,
+``benchmarks/results/call_overhead_gpu.md``): the caller gets a tensor over that memory whose
+storage is its own (``torch.from_dlpack``), and a weak reference to that storage says when
+every tensor of the caller's that reaches it (views and detached ones included) is gone. Until
+then a call replays a second graph of the same work, captured in the first one's memory pool,
+and copies its output out, so a held result never changes under its holder. An output that
+shares storage with anything else (another output, an input, a parameter) is always copied.
 
 The knob is on from round 0 wherever the program can be captured (:func:`graphable`): that
 gap was on every row of the H200 run above and cost more than any tile choice. The analysis
@@ -36,19 +44,52 @@ GRAPH_HELPER = '''_KF_GRAPHS_MAX = 8  # buffer sets kept per module (each holds 
 def _kf_graph_key(module, args):
     key = []
     for t in (*args, *module.parameters(), *module.buffers()):
-        if isinstance(t, torch.Tensor):
-            key.append((t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device))
+        if isinstance(t, torch.Tensor):  # device pointers are unique across devices (UVA)
+            key.append((t.data_ptr(), t.shape, t.stride(), t.dtype))
         else:
             key.append(repr(t))
     return tuple(key)
 
 
-def _kf_copy_out(out):
+def _kf_outputs(out):
+    return [out] if isinstance(out, torch.Tensor) else [o for o in out if isinstance(o, torch.Tensor)]
+
+
+def _kf_map(fn, out):
     if isinstance(out, torch.Tensor):
-        return out.clone()
+        return fn(out)
     if isinstance(out, tuple):
-        return tuple(_kf_copy_out(o) for o in out)
+        return tuple(_kf_map(fn, o) for o in out)
     return out
+
+
+def _kf_storages(ts):
+    return [t.untyped_storage().data_ptr() for t in ts if isinstance(t, torch.Tensor)]
+
+
+def _kf_lend(out):
+    """New tensors over the graph's output memory, each with a storage of its own (DLPack), and
+    weak references to those storages: expired, nobody holds the result any more (views and
+    detached copies of it keep its storage alive)."""
+    lent = _kf_map(torch.from_dlpack, out)
+    return lent, [t.untyped_storage()._weak_ref() for t in _kf_outputs(lent)]
+
+
+def _kf_returned(refs):
+    """Has the caller dropped every tensor lent last time (their weak references released)?"""
+    if not all(torch.UntypedStorage._expired(r) for r in refs):
+        return False
+    for r in refs:
+        torch.UntypedStorage._free_weak_ref(r)
+    refs.clear()
+    return True
+
+
+def _kf_capture(fn, args, pool):
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        out = fn(*args)
+    return graph, out
 
 
 def _kf_graphed(module, fn, args):
@@ -56,9 +97,8 @@ def _kf_graphed(module, fn, args):
     graphs = getattr(module, "_kf_graphs", None)
     if graphs is None:
         graphs = module._kf_graphs = {}
-    if (_INTERPRETED or not torch.cuda.is_available()
+    if (_INTERPRETED or not any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
             or torch.cuda.is_current_stream_capturing()
-            or not any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
             or (torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args))):
         return fn(*args)
     key = _kf_graph_key(module, args)
@@ -69,13 +109,25 @@ def _kf_graphed(module, fn, args):
         graphs[key] = "seen"
         return fn(*args)
     if entry == "seen":
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            out = fn(*args)
-        entry = graphs[key] = (graph, out)
-    graph, out = entry
-    graph.replay()
-    return _kf_copy_out(out)
+        graph, out = _kf_capture(fn, args, None)
+        # lent only where each output has storage of its own (no alias of another output, an
+        # input, a parameter or a buffer)
+        mine = _kf_storages(_kf_outputs(out))
+        theirs = set(_kf_storages((*args, *module.parameters(), *module.buffers())))
+        lend = bool(mine) and len(set(mine)) == len(mine) and not theirs.intersection(mine)
+        entry = graphs[key] = [graph, out, [], lend, None]
+    graph, out, refs, lend, copier = entry
+    if lend and _kf_returned(refs):
+        graph.replay()
+        lent, entry[2] = _kf_lend(out)
+        return lent
+    if not lend:
+        graph.replay()
+        return _kf_map(torch.Tensor.clone, out)
+    if copier is None:  # the caller still holds the lent result: a second graph, copied out
+        copier = entry[4] = _kf_capture(fn, args, graph.pool())
+    copier[0].replay()
+    return _kf_map(torch.Tensor.clone, copier[1])
 '''
 
 

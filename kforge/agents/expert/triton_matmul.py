@@ -117,7 +117,8 @@ def step_knobs(knobs: dict[str, Any], precision: str, m: int, n: int) -> dict[st
     """``knobs`` moved to ``precision`` with that step's tiles (a new step is a new kernel)."""
     bm, bn, bk, warps, stages = STEP_TILES[precision]
     out = {**knobs, "precision": precision, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-           "num_warps": warps, "num_stages": stages, "precast": 1, "b_regs": STEP_B_REGS.get(precision, 0)}
+           "num_warps": warps, "num_stages": stages, "precast": 1, "b_regs": STEP_B_REGS.get(precision, 0),
+           "tma": STEP_B_REGS.get(precision, 0)}
     if m <= 64 or n <= 64:  # skinny: smaller tiles keep more programs busy
         out.update(BLOCK_M=64 if m > 64 else 32, BLOCK_N=64 if n > 64 else 32, num_warps=4)
     return fit_shared_memory(fit_registers(out))
@@ -145,7 +146,7 @@ def check_knobs(knobs: dict[str, Any], policy: str) -> dict[str, Any]:
         v = knobs[key]
         if not isinstance(v, int) or v < 16 or v & (v - 1):
             raise PlanError(f"{key} must be a power of two >= 16, got {v!r}")
-    for key in ("precast", "b_regs"):
+    for key in ("precast", "b_regs", "tma"):
         if knobs.get(key, 0) not in (0, 1):  # True / False compare equal to 1 / 0
             raise PlanError(f"{key} must be 0 or 1, got {knobs[key]!r}")
     return fit_shared_memory(fit_registers(knobs))
@@ -279,6 +280,23 @@ def _kf_precast(src, off, strides, nb, rows, cols, mode, k_dim, fp16=False):
     _kf_precast_kernel[grid](src, hi, lo, off, rows, cols, s_b, s_r, s_c, *d,
                              BLOCK_R=64, BLOCK_C=64, MODE=mode, FP16=fp16, num_warps=4)
     return hi, lo, ((0 if s_b == 0 else d[0]), d[1], d[2]), 0
+
+
+from triton.tools.tensor_descriptor import TensorDescriptor as _KfTensorDescriptor  # Triton >= 3.3
+
+
+def _kf_tma(t, off, strides, nb, rows, cols, block):
+    """A TMA descriptor over the 2-D operand ``t[off + r * s_r + c]`` (rows x cols, ``block``
+    a tile), or None where the tensor memory accelerator cannot read it: a batch, a dimension
+    that is not contiguous, an address or a row stride off 16 bytes."""
+    s_b, s_r, s_c = strides
+    if (nb != 1 and s_b != 0) or s_c != 1 or rows * cols == 0:
+        return None
+    size = t.element_size()
+    if (t.data_ptr() + off * size) % 16 or (s_r * size) % 16:
+        return None
+    view = torch.as_strided(t, (rows, cols), (s_r, 1), t.storage_offset() + off)
+    return _KfTensorDescriptor.from_tensor(view, list(block))
 '''.replace("@LO_SCALE@", f"{FP16_LO_SCALE}.0")
 
 
@@ -292,6 +310,7 @@ def gemm_kernel(k: GemmKernel, knobs: dict[str, Any], policy: str) -> tuple[str,
     precision = knobs["precision"]
     precast = bool(knobs.get("precast"))
     b_regs = b_in_registers(knobs)
+    tma = b_regs and bool(knobs.get("tma"))
     args = Args()
     if not precast:
         args.buffer(k.a.buffer)
@@ -310,7 +329,7 @@ def gemm_kernel(k: GemmKernel, knobs: dict[str, Any], policy: str) -> tuple[str,
 
     if b_regs:
         split_a, split_b = SPLITS[precision]
-        operands = "pa_hi, pa_lo, sa0, sa1, sa2, oa, "
+        operands = "pa_hi, pa_lo, sa0, sa1, sa2, oa, " + ("a_desc, alo_desc, b_desc, " if tma else "")
         sa, sb = ["sa0", "sa1", "sa2"], [stride(e) for e in k.b.strides]
         loads = {"a": ["a_hi"] + (["a_lo"] if split_a else []), "b": ["b"]}
     elif precast:
@@ -332,6 +351,11 @@ def gemm_kernel(k: GemmKernel, knobs: dict[str, Any], policy: str) -> tuple[str,
     M, N, K = sizes["M"], sizes["N"], sizes["K"]
     # b_regs: tiles and accumulator transposed ([BLOCK_K, BLOCK_M] of A, [BLOCK_N, BLOCK_K] of B)
     a_k, b_k = ("rk[:, None]", "rk[None, :]") if b_regs else ("rk[None, :]", "rk[:, None]")
+
+    def tma_lines() -> str:  # TMA tiles: [BLOCK_M, BLOCK_K] of A (transposed here), [BLOCK_N, BLOCK_K] of B
+        out = [f"            {name} = tl.trans({'alo' if name == 'a_lo' else 'a'}_desc.load([pid_m * BLOCK_M, k0]))"
+               for name in loads["a"]]
+        return "\n".join(out + ["            b = b_desc.load([pid_n * BLOCK_N, k0])"])
 
     def load_lines(masked: bool) -> str:
         out = []
@@ -363,7 +387,7 @@ def gemm_kernel(k: GemmKernel, knobs: dict[str, Any], policy: str) -> tuple[str,
     src = f"""@triton.jit
 def {k.name}({operands}{args.params()},
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, INTERPRETED: tl.constexpr):
+        GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, INTERPRETED: tl.constexpr{", TMA: tl.constexpr" if tma else ""}):
     pid = tl.program_id(0)
     bb = tl.program_id(1).to(tl.int64)
     num_m = tl.cdiv({M}, BLOCK_M)
@@ -378,7 +402,7 @@ def {k.name}({operands}{args.params()},
     rk = tl.arange(0, BLOCK_K)
 {offsets}
     for k0 in range(0, {K}, BLOCK_K):
-        if EVEN_K:
+{"        if TMA:" + chr(10) + tma_lines() + chr(10) + "        elif EVEN_K:" if tma else "        if EVEN_K:"}
 {load_lines(False)}
         else:
 {load_lines(True)}
@@ -405,8 +429,20 @@ def {k.name}({operands}{args.params()},
             mode = (2 if split else 1) if bf16 else 0
             launch.append(f"_p{op}_hi, _p{op}_lo, _s{op}, _o{op} = _kf_precast({name.buffer}, {py_stride(name.offset)}, ({st}), "
                           f"{batch}, {py_expr(rows)}, {py_expr(cols)}, {mode}, {k_dim}{fp16})")
-        call_operands = "_pa_hi, _pa_lo, *_sa, _oa, " if b_regs else "_pa_hi, _pa_lo, _pb_hi, _pb_lo, *_sa, *_sb, _oa, _ob, "
+        if tma:  # TMA where every operand allows it (:func:`_kf_tma`), else the pointer loads
+            b_st = ", ".join(py_stride(e) for e in k.b.strides)
+            blocks = f"({bm}, {knobs['BLOCK_K']})", f"({knobs['BLOCK_N']}, {knobs['BLOCK_K']})"
+            launch += [f"_ta = _kf_tma(_pa_hi, _oa, _sa, {batch}, {py_expr(k.m)}, {py_expr(k.k)}, {blocks[0]})",
+                       f"_tl = _kf_tma(_pa_lo, _oa, _sa, {batch}, {py_expr(k.m)}, {py_expr(k.k)}, {blocks[0]})"
+                       if split_a else "_tl = _ta",
+                       f"_bst = ({b_st})",
+                       f"_tb = _kf_tma({k.b.buffer}, {py_stride(k.b.offset)}, (_bst[0], _bst[2], _bst[1]), {batch}, "
+                       f"{py_expr(k.n)}, {py_expr(k.k)}, {blocks[1]})",
+                       "_tma = _ta is not None and _tl is not None and _tb is not None",
+                       "if not _tma:",
+                       "    _ta = _tl = _tb = None"]
+        call_operands = ("_pa_hi, _pa_lo, *_sa, _oa, " + ("_ta, _tl, _tb, " if tma else "")) if b_regs else "_pa_hi, _pa_lo, _pb_hi, _pb_lo, *_sa, *_sb, _oa, _ob, "
     launch.append(f"{k.name}[{grid}]({call_operands}{args.launch_args()}, BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, "
-                  f"GROUP_M={knobs['GROUP_M']}, EVEN_K={even}, INTERPRETED=_INTERPRETED, "
+                  f"GROUP_M={knobs['GROUP_M']}, EVEN_K={even}, INTERPRETED=_INTERPRETED, " + ("TMA=_tma, " if tma else "") +
                   f"num_warps={knobs['num_warps']}, num_stages={knobs['num_stages']})")
     return src, launch
