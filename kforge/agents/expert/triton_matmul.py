@@ -32,7 +32,10 @@ The ``b_regs`` knob (the default of bf16, fp16 and fp16x3: :data:`STEP_B_REGS`) 
 only: B is loaded as fp32 and rounded [and split] in registers, and the tile is computed
 transposed (``acc`` is [BLOCK_N, BLOCK_M], B's tile is ``tl.dot``'s first operand) so the
 converted operand feeds the tensor cores from registers; the weight then costs no pass of its
-own per call.
+own per call. With it the ``tma`` knob (on by default) loads both tiles through host TMA
+descriptors (``_kf_tma``) where each operand is a 2-D view with a contiguous K and 16-byte
+aligned rows, and the same kernel's pointer loads elsewhere (a batch, a ragged K): on the H100,
+0.281 against 0.360 ms a call for 001 relaxed (``benchmarks/results/call_overhead_gpu.md``).
 
 The CPU interpreter's bf16 ``tl.dot`` is wrong (Triton 3.9), so under ``TRITON_INTERPRET=1``
 bf16 products are computed as fp32 products of the bf16-rounded operands: the same
