@@ -52,7 +52,9 @@ def _kf_graph_key(module, args):
 
 
 def _kf_outputs(out):
-    return [out] if isinstance(out, torch.Tensor) else [o for o in out if isinstance(o, torch.Tensor)]
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [t for o in out for t in _kf_outputs(o)] if isinstance(out, tuple) else []
 
 
 def _kf_map(fn, out):
