@@ -141,6 +141,10 @@ class KernelStat(Record):
     total_us: float
 
 
+# The kernel table's host row of a CUDA graph's replay (no device time; ``calls`` counts replays)
+GRAPH_LAUNCH_ROW = "cudaGraphLaunch"
+
+
 class Timing(Record):
     median_ms: float
     mean_ms: float

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from kforge.schema import GRAPH_LAUNCH_ROW
 from kforge.verifier import inputs as inputs_mod
 from kforge.verifier import probes, protocol
 from kforge.verifier.inputs import (
@@ -248,9 +249,6 @@ def _repeat(job: dict[str, Any], models: dict[str, tuple[Any, Any]], model_cls: 
 PROFILER_ROWS = ("Activity Buffer Request",)
 
 
-GRAPH_LAUNCH = "cudaGraphLaunch"  # the CUDA runtime call of a graph's replay (a host row)
-
-
 def candidate_kernels(new: Any, plan: Any, device: str, calls: int = 3) -> list[dict[str, Any]]:
     """The kernel table of ``calls`` candidate calls on the plan's first input set. The set is
     refilled before the profiler starts: its in-place refill (``InputPlan.load``) is the
@@ -269,7 +267,7 @@ def _kernel_table(fn: Callable[[], Any], device: str, calls: int = 3) -> list[di
     for e in prof.key_averages():
         dev_us = float(getattr(e, "device_time_total", 0.0) or 0.0)
         cpu_us = float(e.cpu_time_total)
-        ours = e.key.startswith("kforge::") or e.key == GRAPH_LAUNCH  # a replay: how many, no device time
+        ours = e.key.startswith("kforge::") or e.key == GRAPH_LAUNCH_ROW  # a replay: how many, no device time
         if e.key in PROFILER_ROWS or (device == "cuda" and dev_us <= 0 and not ours):
             continue
         if device != "cuda" and not (ours or e.key.startswith("aten::")):

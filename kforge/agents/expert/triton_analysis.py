@@ -17,7 +17,14 @@ import math
 from typing import Any
 
 from kforge.agents.expert.triton_matmul import PlanError, fit_registers, fit_shared_memory
-from kforge.schema import Action, AnalysisRequest, KernelStat, Profile, Recommendation
+from kforge.schema import (
+    GRAPH_LAUNCH_ROW,
+    Action,
+    AnalysisRequest,
+    KernelStat,
+    Profile,
+    Recommendation,
+)
 
 # Dense tensor/FMA rates (GFLOP/s) per precision mode on the H200, and copy bandwidth (GB/s).
 PEAK_GFLOPS = {
@@ -217,14 +224,11 @@ HOST_GAP_MIN_MS = 0.02  # an idle gap below this is launch noise
 HOST_GAP_SHARE = 0.15  # ... or below this share of the call
 
 
-GRAPH_LAUNCH = "cudaGraphLaunch"  # the kernel table's host row of a replay (candidate_run.GRAPH_LAUNCH)
-
-
 def device_rows(profile: Profile) -> list[KernelStat]:
     """The kernel table's rows of device work: an operator's row (``aten::clone`` around the
     graph's copy-out, a ``kforge::`` range) repeats the time of the kernels it launched, and a
     graph launch's row is the host's."""
-    return [k for k in profile.kernels if not k.name.startswith(("aten::", "kforge::")) and k.name != GRAPH_LAUNCH]
+    return [k for k in profile.kernels if not k.name.startswith(("aten::", "kforge::")) and k.name != GRAPH_LAUNCH_ROW]
 
 
 def replayed(profile: Profile) -> bool:
@@ -238,7 +242,7 @@ def replayed(profile: Profile) -> bool:
     calls = min((k.calls for k in rows), default=0)
     if calls <= 0:
         return False
-    return any(k.name == GRAPH_LAUNCH and k.calls >= calls for k in profile.kernels) or \
+    return any(k.name == GRAPH_LAUNCH_ROW and k.calls >= calls for k in profile.kernels) or \
         any(k.name.startswith("Memcpy DtoD") and k.calls >= calls for k in rows)
 
 
