@@ -20,20 +20,31 @@ from tests.test_expert_compiler import LINEAR, problem
 GEMM = problem(LINEAR, "return torch.relu(self.linear(x)) * 0.5", "[torch.randn(8, 48)]", "[48, 40]")
 BMM = problem("", "return torch.bmm(x, x.transpose(1, 2)) * 0.25", "[torch.randn(2, 24, 40)]")
 
-RUNNER = """
+# A candidate (argv 1) and its problem (argv 2) loaded in a fresh interpreter; ``pair()`` builds
+# Model and ModelNew from one seed with the same weights (init arguments: argv 3, JSON).
+LOAD = """
 import importlib.util, json, sys, torch
-cand, prob, init, shapes, tol = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4]), float(sys.argv[5])
-spec = importlib.util.spec_from_file_location("cand", cand)
+spec = importlib.util.spec_from_file_location("cand", sys.argv[1])
 mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
 ns = {}
-exec(compile(open(prob).read(), "<p>", "exec"), ns)
-worst = 0.0
-for shape in shapes:
+exec(compile(open(sys.argv[2]).read(), "<p>", "exec"), ns)
+init = json.loads(sys.argv[3])
+
+
+def pair():
     torch.manual_seed(0)
     ref = ns["Model"](*init)
     new = mod.ModelNew(*init)
     new.load_state_dict(ref.state_dict())
+    return ref, new
+"""
+
+RUNNER = LOAD + """
+shapes, tol = json.loads(sys.argv[4]), float(sys.argv[5])
+worst = 0.0
+for shape in shapes:
+    ref, new = pair()
     x = torch.randn(*shape)
     with torch.no_grad():
         want, got = ref(x), new(x)

@@ -21,14 +21,11 @@ from kforge.agents.expert.planner import plan_problem
 from kforge.agents.expert.triton_matmul import PlanError, check_knobs
 from kforge.agents.expert.triton_render import default_knobs, render_triton
 from tests.test_expert_compiler import LINEAR, problem
+from tests.test_expert_triton_bregs import LOAD
 
-RUNNER = """
-import importlib.util, json, sys, torch
-cand, prob, init, shape = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
-spec = importlib.util.spec_from_file_location("cand", cand)
-mod = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(mod)
-made = []
+RUNNER = LOAD + """
+shape = json.loads(sys.argv[4])
+made = []  # per _kf_tma call: was a descriptor made?
 if hasattr(mod, "_kf_tma"):
     real = mod._kf_tma
     def spy(*a):
@@ -36,12 +33,7 @@ if hasattr(mod, "_kf_tma"):
         made.append(d is not None)
         return d
     mod._kf_tma = spy
-ns = {}
-exec(compile(open(prob).read(), "<p>", "exec"), ns)
-torch.manual_seed(0)
-ref = ns["Model"](*init)
-new = mod.ModelNew(*init)
-new.load_state_dict(ref.state_dict())
+ref, new = pair()
 x = torch.randn(*shape)
 with torch.no_grad():
     want, got = ref(x), new(x)
