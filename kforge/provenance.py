@@ -1,6 +1,9 @@
 """Provenance: the chain of artifacts and digests that led to a shipped kernel, checked link by
 link. Every record names what it used by sha256; a link is broken when the bytes behind a
-digest no longer hash to it (in the store or in the run folder), and the walk says which."""
+digest no longer hash to it (in the store or in the run folder), and the walk says which.
+
+Every blob a link names is re-hashed from the store (:meth:`kforge.store.Store.check_blob`):
+read-only, so the walk quarantines nothing and reports the same broken link each time."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kforge.store import Store, StoreError
+from kforge.store import Store
 
 
 @dataclass
@@ -42,22 +45,34 @@ class ProvenanceError(LookupError):
 def _blob(store: Store, role: str, digest: str | None, note: str = "") -> Link | None:
     if not digest:
         return None
-    try:
-        store.get_bytes(digest)
-        return Link(role, digest, True, note)
-    except StoreError as err:
-        return Link(role, digest, False, str(err))
+    problem = store.check_blob(digest)
+    return Link(role, digest, True, note) if problem is None else Link(role, digest, False, problem)
+
+
+# the ``kind`` each record file of the walk holds (kforge.stages.records)
+RECORD_KINDS = {"selection": "selection", "verification": "verify", "candidate": "candidate"}
 
 
 def _record(store: Store, role: str, path: Path) -> tuple[Link, dict[str, Any] | None]:
-    """A run-folder record: its file must hash to the digest the store holds for it."""
-    if not path.is_file():
-        return Link(role, "-" * 16, False, f"missing file {path}"), None
-    raw = path.read_bytes()
+    """A run-folder record: its file must hash to a digest whose store copy still hashes to it,
+    and hold the kind of record its name says."""
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        return Link(role, "-" * 16, False, f"missing file {path}" if not path.exists() else f"{path}: {err}"), None
     digest = hashlib.sha256(raw).hexdigest()
     if not store.has(digest):
         return Link(role, digest, False, f"{path} was changed after it was written (no such record in the store)"), None
-    return Link(role, digest, True, str(path)), json.loads(raw)
+    problem = store.check_blob(digest)
+    if problem is not None:
+        return Link(role, digest, False, problem), None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or data.get("kind") != RECORD_KINDS[role]:
+        return Link(role, digest, False, f"{path} is not a {RECORD_KINDS[role]} record"), None
+    return Link(role, digest, True, str(path)), data
 
 
 def _candidate_chain(store: Store, round_dir: Path, depth_left: int = 32) -> Link:
@@ -125,8 +140,12 @@ def find_selections(root: Path, query: str) -> list[Path]:
             found.append(best)
             continue
         raw = best.read_bytes()
-        data = json.loads(raw)
-        digests = [hashlib.sha256(raw).hexdigest(), data.get("best_candidate") or "", data.get("best_source") or ""]
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = None  # a damaged record: still found by its own digest, and the walk says so
+        named = [data.get("best_candidate"), data.get("best_source")] if isinstance(data, dict) else []
+        digests = [hashlib.sha256(raw).hexdigest(), *(d for d in named if isinstance(d, str))]
         if len(query) >= 6 and any(d.startswith(query) for d in digests):
             found.append(best)
     if not found:

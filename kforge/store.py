@@ -156,6 +156,26 @@ class Store:
             )
         return data
 
+    def check_blob(self, digest: str) -> str | None:
+        """What is wrong with the stored blob ``digest``, or None when it is there and its bytes
+        hash to its name. Read-only: unlike :meth:`get_bytes` nothing is quarantined, so an
+        inspection (``kforge provenance``, ``kforge audit``) changes nothing and says the same
+        thing when run again."""
+        try:
+            path = self.blob_path(digest)
+        except StoreError as err:
+            return str(err)
+        if path.is_symlink():
+            return f"{path} is a symlink, not a blob"
+        try:
+            data = _read_fresh(path)
+        except FileNotFoundError:
+            return f"not in the store at {path}"
+        except OSError as err:
+            return f"cannot read {path}: {err.strerror or err}"
+        actual = sha256_bytes(data)
+        return None if actual == digest else f"store copy hashes to {actual[:16]}, not {digest[:16]}: tampered"
+
     def get_text(self, digest: str) -> str:
         return self.get_bytes(digest).decode()
 
