@@ -14,20 +14,26 @@ selection's inputs manifest. Anything the ship rule did not ship is refused.
 quarantined), checks that the statement's selection really shipped the listed source and
 candidate, and names the first broken link. Statements are unsigned: they pin content, and the
 store's digests make any change to it visible; who wrote the statement is out of scope.
+
+``kforge audit`` exit status (:data:`AUDIT_EXIT_CODES`; one line on stderr, never a traceback):
+0 the statement holds, 1 a broken link (named), 2 bad usage (argparse), 3 the statement file is
+missing or unreadable, 4 it is not JSON, 5 it is JSON but not an in-toto v1 statement with a SLSA
+provenance v1 predicate as ``kforge ship`` writes them.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import hashlib
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from kforge.provenance import Link, ProvenanceError, find_selections, trace_selection
-from kforge.store import Store, StoreError, atomic_write, sha256_bytes
+from kforge.store import Store, atomic_write, sha256_bytes
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
@@ -38,6 +44,70 @@ HEADER_MARK = "# --- end of KForge header ---\n"
 
 class ShipError(Exception):
     pass
+
+
+class AuditError(Exception):
+    """A statement ``kforge audit`` cannot check at all; ``code`` is the command's exit status."""
+
+    code = 1
+
+
+class StatementMissing(AuditError):
+    code = 3
+
+
+class StatementNotJson(AuditError):
+    code = 4
+
+
+class NotAStatement(AuditError):
+    code = 5
+
+
+AUDIT_EXIT_CODES = {0: "the statement holds", 1: "a broken link (named on stderr)", 2: "bad usage",
+                    StatementMissing.code: "the statement file is missing or unreadable",
+                    StatementNotJson.code: "the statement file is not JSON",
+                    NotAStatement.code: "not an in-toto v1 statement with a SLSA provenance v1 predicate"}
+
+
+class _Shape(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class _Digest(_Shape):
+    sha256: str
+
+
+class _Subject(_Shape):
+    name: str
+    digest: _Digest
+
+
+class _Annotations(_Shape):
+    kind: str
+
+
+class _Material(_Shape):
+    name: str
+    digest: _Digest
+    annotations: _Annotations
+
+
+class _BuildDefinition(_Shape):
+    resolvedDependencies: list[_Material]  # the SLSA field names
+
+
+class _Predicate(_Shape):
+    buildDefinition: _BuildDefinition
+
+
+class Statement(_Shape):
+    """The parts of an in-toto v1 statement ``audit`` reads (others are kept, not checked)."""
+
+    type: str = Field(alias="_type")
+    subject: list[_Subject] = Field(min_length=1)
+    predicateType: str
+    predicate: _Predicate
 
 
 def _flatten(link: Link) -> list[tuple[str, str]]:
@@ -156,45 +226,76 @@ def ship(root: Path, problem: str, to: Path, *, platform: str | None = None, age
     return path
 
 
-def _hash_blob(store: Store, digest: str) -> str | None:
-    """The problem with a stored blob, or None. Reads the file directly: no quarantine."""
+def load_statement(path: Path) -> Statement:
+    """The statement at ``path``, or :class:`StatementMissing`, :class:`StatementNotJson`,
+    :class:`NotAStatement` saying what is wrong in one line."""
     try:
-        path = store.blob_path(digest)
-    except StoreError as err:
-        return str(err)
-    if path.is_symlink() or not path.is_file():
-        return f"not in the store at {path}"
-    actual = hashlib.sha256(path.read_bytes()).hexdigest()
-    return None if actual == digest else f"store copy hashes to {actual[:16]}, not {digest[:16]}: tampered"
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise StatementMissing(f"{path}: no such file (give the .intoto.json that kforge ship wrote)") from None
+    except OSError as err:
+        raise StatementMissing(f"{path}: cannot read it: {err.strerror or err}") from None
+    try:
+        data = json.loads(raw)
+    except UnicodeDecodeError:
+        raise StatementNotJson(f"{path}: not JSON (not even UTF-8 text): is it the .intoto.json kforge ship wrote?") from None
+    except json.JSONDecodeError as err:
+        raise StatementNotJson(f"{path}: not JSON ({err.msg} at line {err.lineno} column {err.colno}): "
+                               "is it the .intoto.json kforge ship wrote?") from None
+    what = f"{path}: not an in-toto v1 statement with a SLSA provenance v1 predicate"
+    if not isinstance(data, dict):
+        raise NotAStatement(f"{what} (a JSON {type(data).__name__}, not an object)")
+    try:
+        st = Statement.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise NotAStatement(f"{what} ('{where}': {first['msg']})") from None
+    if st.type != STATEMENT_TYPE:
+        raise NotAStatement(f"{what} (_type is {st.type!r}, not {STATEMENT_TYPE})")
+    if st.predicateType != PREDICATE_TYPE:
+        raise NotAStatement(f"{what} (predicateType is {st.predicateType!r}, not {PREDICATE_TYPE})")
+    return st
+
+
+def _selection(store: Store, digest: str) -> dict[str, Any] | None:
+    """The selection record behind a verified digest (None: that blob is no selection record)."""
+    try:
+        data = json.loads(store.blob_path(digest).read_bytes())
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) and data.get("kind") == "selection" else None
 
 
 def audit(statement_path: Path, root: Path) -> list[str]:
-    """Every broken link, in statement order (empty: the statement holds)."""
+    """Every broken link, in statement order (empty: the statement holds). A file that is no
+    statement at all raises an :class:`AuditError`."""
     store = Store(root)
-    st = json.loads(statement_path.read_text())
-    if st.get("_type") != STATEMENT_TYPE or st.get("predicateType") != PREDICATE_TYPE:
-        return [f"statement: not an in-toto v1 statement with a SLSA provenance v1 predicate ({statement_path})"]
+    st = load_statement(statement_path)
     broken = []
-    deps = st["predicate"]["buildDefinition"]["resolvedDependencies"]
-    by_kind = {d["annotations"]["kind"]: d["digest"]["sha256"] for d in reversed(deps)}
-    for subject in st["subject"]:
-        path = statement_path.parent / subject["name"]
-        want = subject["digest"]["sha256"]
+    deps = st.predicate.buildDefinition.resolvedDependencies
+    by_kind = {d.annotations.kind: d.digest.sha256 for d in reversed(deps)}
+    for subject in st.subject:
+        path = statement_path.parent / subject.name
+        want = subject.digest.sha256
         if not path.is_file():
-            broken.append(f"subject {subject['name']}: missing beside the statement")
-        elif (got := sha256_bytes(path.read_bytes())) != want:
-            broken.append(f"subject {subject['name']}: hashes to {got[:16]}, the statement says {want[:16]}: tampered")
+            broken.append(f"subject {subject.name}: missing beside the statement")
+        elif (got := sha256_bytes(raw := path.read_bytes())) != want:
+            broken.append(f"subject {subject.name}: hashes to {got[:16]}, the statement says {want[:16]}: tampered")
         else:
-            body = path.read_text().split(HEADER_MARK, 1)[-1]
-            if sha256_bytes(body.encode()) != by_kind.get("source"):
-                broken.append(f"subject {subject['name']}: its kernel is not the source the statement names")
+            body = raw.split(HEADER_MARK.encode(), 1)[-1]
+            if sha256_bytes(body) != by_kind.get("source"):
+                broken.append(f"subject {subject.name}: its kernel is not the source the statement names")
     for dep in deps:
-        kind, digest = dep["annotations"]["kind"], dep["digest"]["sha256"]
-        problem = _hash_blob(store, digest)
+        kind, digest = dep.annotations.kind, dep.digest.sha256
+        problem = store.check_blob(digest)
         if problem:
-            broken.append(f"{kind} {dep['name']} sha256:{digest[:16]}: {problem}")
-    if "selection" in by_kind and not _hash_blob(store, by_kind["selection"]):
-        sel = store.get_json(by_kind["selection"])
+            broken.append(f"{kind} {dep.name} sha256:{digest[:16]}: {problem}")
+    if "selection" in by_kind and not store.check_blob(by_kind["selection"]):
+        sel = _selection(store, by_kind["selection"])
+        if sel is None:
+            broken.append(f"selection sha256:{by_kind['selection'][:16]}: not a selection record")
+            return broken
         for field, kind in (("best_source", "source"), ("best_candidate", "candidate")):
             if sel.get(field) != by_kind.get(kind):
                 broken.append(f"selection: names {field} {str(sel.get(field))[:16]}, the statement lists {kind} "
@@ -215,16 +316,21 @@ def cmd_ship(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
+    """Exit status: see :data:`AUDIT_EXIT_CODES` (the module docstring)."""
     path = Path(args.statement)
-    broken = audit(path, Path(args.store))
+    try:
+        st = load_statement(path)
+        broken = audit(path, Path(args.store))
+    except AuditError as err:
+        print(f"kforge audit: {err}", file=sys.stderr)
+        return err.code
     if broken:
         print(f"first broken link: {broken[0]}", file=sys.stderr)
         for line in broken[1:]:
             print(f"also broken: {line}", file=sys.stderr)
         return 1
-    st = json.loads(path.read_text())
-    n = len(st["predicate"]["buildDefinition"]["resolvedDependencies"])
-    print(f"ok: {len(st['subject'])} subject(s) and {n} materials re-hashed from {args.store}; nothing changed")
+    n = len(st.predicate.buildDefinition.resolvedDependencies)
+    print(f"ok: {len(st.subject)} subject(s) and {n} materials re-hashed from {args.store}; nothing changed")
     return 0
 
 
@@ -236,7 +342,10 @@ def add_ship_parsers(sub: Any) -> None:
     p.add_argument("--agent")
     p.add_argument("--store", default="artifacts")
     p.set_defaults(func=cmd_ship)
-    p = sub.add_parser("audit", help="re-hash every subject and material of a shipped kernel's statement")
+    p = sub.add_parser("audit", help="re-hash every subject and material of a shipped kernel's statement",
+                       description="Re-hash every subject and material of a statement kforge ship wrote "
+                                   "(read-only).",
+                       epilog="exit status: " + "; ".join(f"{c} {why}" for c, why in sorted(AUDIT_EXIT_CODES.items())))
     p.add_argument("statement", help="FILE.intoto.json written by kforge ship")
     p.add_argument("--store", default="artifacts")
     p.set_defaults(func=cmd_audit)

@@ -145,3 +145,81 @@ def test_audit_catches_an_edited_module_and_an_edited_statement(shipped: tuple[P
     st["subject"][0]["digest"]["sha256"] = sha256_bytes(module.read_bytes())
     (tmp_path / statement.name).write_text(json.dumps(st))
     assert "its kernel is not the source the statement names" in audit(tmp_path / statement.name, root)[0]
+
+
+def _statement_variants(statement: Path) -> dict[str, object]:
+    good = json.loads(statement.read_text())
+    no_deps = json.loads(statement.read_text())
+    del no_deps["predicate"]["buildDefinition"]["resolvedDependencies"]
+    return {
+        "an object": {"hello": "world"},
+        "a list": [1, 2, 3],
+        "another predicate": {**good, "predicateType": "https://example.com/other/v9"},
+        "another type": {**good, "_type": "https://in-toto.io/Statement/v0.1"},
+        "no materials": no_deps,
+        "no subject": {**good, "subject": []},
+    }
+
+
+@pytest.mark.parametrize("variant", ["an object", "a list", "another predicate", "another type", "no materials",
+                                     "no subject"])
+def test_audit_of_json_that_is_no_statement_is_one_line_exit_5(shipped: tuple[Path, Path], tmp_path: Path,
+                                                               variant: str) -> None:
+    root, statement = shipped
+    path = tmp_path / "x.intoto.json"
+    path.write_text(json.dumps(_statement_variants(statement)[variant]))
+    proc = cli("audit", str(path), "--store", str(root))
+    assert proc.returncode == 5, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"kforge audit: {path}: not an in-toto v1 statement")
+
+
+@pytest.mark.parametrize(("content", "code"), [(None, 3), (b"{\"_type\": ", 4), (b"\xff\xfe\x00 not text", 4),
+                                               (b"", 4)])
+def test_audit_of_a_missing_or_non_json_file_is_one_line(shipped: tuple[Path, Path], tmp_path: Path,
+                                                         content: bytes | None, code: int) -> None:
+    root, _ = shipped
+    path = tmp_path / "x.intoto.json"
+    if content is not None:
+        path.write_bytes(content)
+    proc = cli("audit", str(path), "--store", str(root))
+    assert proc.returncode == code, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"kforge audit: {path}: ")
+    assert ("no such file" if content is None else "not JSON") in proc.stderr
+
+
+def test_audit_of_a_folder_is_one_line_exit_3(shipped: tuple[Path, Path], tmp_path: Path) -> None:
+    root, _ = shipped
+    proc = cli("audit", str(tmp_path), "--store", str(root))
+    assert proc.returncode == 3 and proc.stderr.count("\n") == 1 and "cannot read it" in proc.stderr
+
+
+def test_audit_names_a_blob_with_one_flipped_byte_and_moves_nothing(shipped: tuple[Path, Path],
+                                                                    tmp_path: Path) -> None:
+    root, statement = shipped
+    digest = _kinds(statement)["transcript"]
+    store = tmp_path / "artifacts"
+    shutil.copytree(root / "cas" / "sha256", store / "cas" / "sha256")
+    blob = store / "cas" / "sha256" / digest[:2] / digest[2:]
+    data = bytearray(blob.read_bytes())
+    data[0] ^= 0x20
+    blob.write_bytes(bytes(data))
+    proc = cli("audit", str(statement), "--store", str(store))
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"first broken link: transcript transcript sha256:{digest[:16]}: store copy hashes to")
+    assert proc.stderr.rstrip().endswith("tampered") and proc.stderr.count("\n") == 1
+    assert blob.read_bytes() == bytes(data) and not (store / "cas" / "quarantine").exists()
+
+
+def test_audit_of_a_statement_naming_a_non_selection_blob_as_its_selection(shipped: tuple[Path, Path],
+                                                                           tmp_path: Path) -> None:
+    root, statement = shipped
+    st = json.loads(statement.read_text())
+    source = _kinds(statement)["source"]  # a kernel source: in the store, verifies, but is no record
+    for dep in st["predicate"]["buildDefinition"]["resolvedDependencies"]:
+        if dep["annotations"]["kind"] == "selection":
+            dep["digest"]["sha256"] = source
+    shutil.copy(statement.with_name("softmax_rows.py"), tmp_path / "softmax_rows.py")
+    (tmp_path / statement.name).write_text(json.dumps(st))
+    proc = cli("audit", str(tmp_path / statement.name), "--store", str(root))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "not a selection record" in proc.stderr
