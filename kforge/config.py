@@ -10,10 +10,18 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from kforge.schema import Policy
 
@@ -128,14 +136,28 @@ class ProfileConfig(Strict):
     compile_baseline: bool = True
 
 
+def known_platform(name: str) -> str:
+    """``name`` if it names a platform: one of ``kforge.platforms.KNOWN_PLATFORMS``, or a dotted
+    module path to an adapter outside kforge (imported when first used)."""
+    from kforge.platforms import KNOWN_PLATFORMS  # here, so that importing the config stays light
+
+    if name in KNOWN_PLATFORMS or ("." in name and all(part.isidentifier() for part in name.split("."))):
+        return name
+    raise ValueError(f"unknown platform {name!r}; the platforms are {', '.join(KNOWN_PLATFORMS)} "
+                     "(or a dotted module path to an adapter of your own; `kforge platforms` lists them)")
+
+
+PlatformName = Annotated[str, AfterValidator(known_platform)]
+
+
 class TransferConfig(Strict):
     enabled: bool = False
-    source_platform: str = "cpu"
+    source_platform: PlatformName = "cpu"
 
 
 class RunConfig(Strict):
     agents: list[str]
-    platforms: list[str]
+    platforms: list[PlatformName]
     suites: list[str]
 
 
@@ -179,14 +201,23 @@ class ConfigError(ValueError):
     """The configuration file is missing, not YAML, or not valid; the message says where."""
 
 
+def _where(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location as a key path: ``run.platforms[0]``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
 def _explain(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        where = _where(e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             lines.append(f"unknown key '{where}'")
         else:
-            lines.append(f"'{where}': {e['msg']}")
+            lines.append(f"'{where}': {msg}")
     return "; ".join(lines)
 
 
@@ -199,6 +230,13 @@ def parse_config(data: Any, source: str = "<config>") -> Config:
         raise ConfigError(f"{source}: {_explain(err)}") from None
 
 
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """PyYAML's several-line message as one line: the problem and where it is."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or " ".join(str(err).split())
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else problem
+
+
 def load_config(path: Path | str = DEFAULT_CONFIG) -> Config:
     path = Path(path)
     if not path.is_file():
@@ -206,5 +244,5 @@ def load_config(path: Path | str = DEFAULT_CONFIG) -> Config:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(err)}") from None
     return parse_config(data, str(path))

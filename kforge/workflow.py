@@ -15,6 +15,36 @@ from kforge.config import Config, ConfigError, parse_config
 from kforge.platforms.base import REFS_DIR
 from kforge.stages.context import code_digest, resolved_config_path
 
+CONFIG_ERROR_EXIT = 2  # the status `kforge config` gives an invalid file
+
+
+def plan_or_exit(data: dict[str, Any]) -> WorkflowPlan:
+    """The Snakefile's plan. A config that is not valid ends the run with one line on stderr,
+    ``kforge: <file>: '<key>': <what is wrong>``, and exit status :data:`CONFIG_ERROR_EXIT`:
+    Snakemake prints nothing after a ``SystemExit`` raised while it parses the workflow (a
+    ``ConfigError`` escaping would come with its traceback)."""
+    try:
+        return WorkflowPlan.from_snakemake_config(data)
+    except ConfigError as err:
+        print(f"kforge: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(CONFIG_ERROR_EXIT) from None
+
+
+def _check_own_adapters(config: Config, source: str) -> None:
+    """A platform given as a dotted module path must import (the rules read its refs folder
+    while Snakemake builds the DAG): else a ConfigError naming the key."""
+    from kforge.platforms import UnknownPlatformError, get_platform
+
+    for i, name in enumerate(config.run.platforms):
+        if "." in name:
+            try:
+                get_platform(name)
+            except UnknownPlatformError as err:
+                raise ConfigError(f"{source}: 'run.platforms[{i}]': {err.args[0]}") from None
+            except ImportError as err:
+                raise ConfigError(f"{source}: 'run.platforms[{i}]': the adapter module {name} does not import "
+                                  f"({err}); is its package on PYTHONPATH?") from None
+
 
 def suite_problems(config: Config, suite: str) -> list[str]:
     settings = config.suites[suite]
@@ -49,7 +79,9 @@ class WorkflowPlan:
 
     @classmethod
     def from_snakemake_config(cls, data: dict[str, Any]) -> WorkflowPlan:
-        config = parse_config(dict(data), "snakemake config (kforge.yaml + --configfile/--config)")
+        source = "snakemake config (kforge.yaml + --configfile/--config)"
+        config = parse_config(dict(data), source)
+        _check_own_adapters(config, source)
         plan = cls(config=config)
         plan.resolved = str(resolved_config_path(config))
         problems = {suite: suite_problems(config, suite) for suite in config.run.suites}

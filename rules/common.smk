@@ -1,11 +1,11 @@
 # Shared set-up: the validated config, the run grid and the digests used as params.
 import os
 
-from kforge.workflow import WorkflowPlan
+from kforge.workflow import plan_or_exit
 
 configfile: os.path.join(workflow.basedir, "kforge.yaml")
 
-PLAN = WorkflowPlan.from_snakemake_config(config)
+PLAN = plan_or_exit(config)  # a bad config: one line "kforge: ..." and exit 2, no traceback
 ROOT = PLAN.root
 PY = PLAN.python
 CFG = PLAN.resolved
