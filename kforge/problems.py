@@ -53,6 +53,7 @@ __all__ = [
     "load_problem",
     "load_problem_source",
     "load_suite",
+    "one_line",
     "problem_meta",
     "reference_case",
     "size_constants",
@@ -73,6 +74,19 @@ ERROR_KINDS = (
 _counter = itertools.count()
 
 
+BRIEF_CHARS = 300
+
+
+def one_line(text: str, limit: int = BRIEF_CHARS) -> str:
+    """``text`` on one line for a report cell or a terminal: a traceback cut to its last line
+    (the exception itself), whitespace collapsed, at most ``limit`` characters."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if any(line.startswith("Traceback (most recent call last)") for line in lines):
+        lines = lines[-1:]
+    flat = " ".join(" ".join(lines).split())
+    return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."
+
+
 class ProblemError(Exception):
     """A problem file that cannot be used; ``kind`` is one of ``ERROR_KINDS``."""
 
@@ -84,6 +98,11 @@ class ProblemError(Exception):
         self.message = message
         where = f" ({path})" if path is not None else ""
         super().__init__(f"problem {name!r}{where}: {kind}: {message}")
+
+    @property
+    def brief(self) -> str:
+        """``kind: message`` on one line (:func:`one_line`), for the report and a terminal."""
+        return one_line(f"{self.kind}: {self.message}")
 
 
 @dataclass
@@ -173,7 +192,7 @@ def load_problem(
     path = Path(path)
     try:
         source = path.read_text()
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ProblemError(
             "import_error", f"cannot read file: {exc}", name=path.stem, path=path
         ) from exc

@@ -50,7 +50,10 @@ class ProblemMeta(Record):
     flops: float = 0.0
     min_bytes: float = 0.0
     degenerate: list[str] = Field(default_factory=list)
-    error: str | None = None
+    error: str | None = None  # what went wrong (a failed load, or a cost count / reference run)
+    # why the file does not load, on one line (``kforge.problems.ProblemError.brief``); None: it
+    # loads. Such a problem is nobody's candidate: no agent is asked, its row is ``problem_error``
+    load_error: str | None = None
 
 
 # --------------------------------------------------------------------------- platforms

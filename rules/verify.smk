@@ -17,4 +17,4 @@ rule verify:
     shell:
         "{STAGE} verify --config {CFG} --platform {wildcards.platform} --suite {wildcards.suite} "
         "--problem {wildcards.problem} --kernel {input.kernel} --compile-record {input.compiled} "
-        "--out {output} > {log} 2>&1"
+        "--problem-record {input.problem} --out {output} > {log} 2>&1"

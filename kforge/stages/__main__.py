@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         from kforge.stages.verify import run_verify
 
         run_verify(ctx, platform=a.platform, suite=a.suite, problem=a.problem, kernel=a.kernel,
-                   compile_record=a.compile_record, out=a.out)
+                   compile_record=a.compile_record, out=a.out, problem_record=a.problem_record)
     elif a.stage == "profile":
         from kforge.stages.profile import run_profile
 

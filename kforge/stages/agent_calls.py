@@ -156,6 +156,16 @@ def pick_fastest_sample(
                             plan=plan, transcript=transcript)
 
 
+def not_asked(ctx: StageContext, agent: str, why: str) -> GenerationResult:
+    """The round's result for a problem that does not load: no candidate, no agent call (an
+    LLM's would cost money and could only fail), extraction ``problem_error``."""
+    from kforge.stages.problem import PROBLEM_ERROR
+
+    transcript = Transcript(agent=agent, model=ctx.config.agents[agent].model, role="generate", messages=[],
+                            response=f"not asked: the problem does not load: {why}")
+    return GenerationResult(source=None, extraction=PROBLEM_ERROR, transcript=transcript)
+
+
 def load_example_blob(ctx: StageContext, example_record: Path) -> OneShotExample:
     data = json.loads(example_record.read_text())
     if data.get("example") is None:

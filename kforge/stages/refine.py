@@ -7,7 +7,8 @@
 - Round N verified and the optimisation budget is not spent and the analysis recommended
   something: an *optimize* pass, the recommendations fed to the generation agent.
 - Otherwise the candidate is *carried* forward unchanged: its kernel.py is byte-identical, so
-  nothing downstream reruns and the round costs nothing.
+  nothing downstream reruns and the round costs nothing. So is it, first of all, when the problem
+  file does not load (``problem_error``): no agent is asked.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from kforge.stages.agent_calls import (
     write_candidate,
 )
 from kforge.stages.context import StageContext, read_record, record_digest
+from kforge.stages.problem import PROBLEM_ERROR, load_error
 from kforge.stages.records import (
     AnalysisRecord,
     CandidateRecord,
@@ -32,7 +34,7 @@ from kforge.stages.records import (
 )
 
 # Verdicts that say nothing about the candidate itself: repairing would be pointless.
-NOT_THE_CANDIDATES_FAULT = frozenset({"no_device", "platform_unavailable", "harness_error"})
+NOT_THE_CANDIDATES_FAULT = frozenset({"no_device", "platform_unavailable", "harness_error", PROBLEM_ERROR})
 
 
 def timing_failure(profiled: ProfileRecord | None) -> Profile | None:
@@ -92,7 +94,10 @@ def run_refine(
     mode: Mode = "carry"
     why = ""
     feedback: list[Feedback] = []
-    if timing is not None:  # verified, but the checked timing caught it: repair, as a failure
+    broken = load_error(problem_record)
+    if broken is not None:  # nobody's candidate: no agent is asked
+        why = f"the problem does not load ({PROBLEM_ERROR}: {broken})"
+    elif timing is not None:  # verified, but the checked timing caught it: repair, as a failure
         if functional_used >= budgets.functional:
             why = f"functional (repair) budget spent (timing rejected: {timing.reason})"
         else:

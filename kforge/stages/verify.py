@@ -6,6 +6,7 @@ from pathlib import Path
 
 from kforge.schema import TOLERANCES, Verdict
 from kforge.stages.context import StageContext, read_record, write_record
+from kforge.stages.problem import PROBLEM_ERROR, load_error, problem_error_detail
 from kforge.stages.records import CompileRecord, VerifyRecord
 from kforge.store import sha256_bytes
 
@@ -16,11 +17,20 @@ def _skip(ctx: StageContext, reason: str, detail: str) -> Verdict:
 
 
 def run_verify(
-    ctx: StageContext, *, platform: str, suite: str, problem: str, kernel: Path, compile_record: Path, out: Path
+    ctx: StageContext, *, platform: str, suite: str, problem: str, kernel: Path, compile_record: Path, out: Path,
+    problem_record: Path | None = None,
 ) -> VerifyRecord:
+    """``problem_record``: the problem stage's record; a problem that does not load is judged
+    ``problem_error`` with its reason, whatever the candidate (nothing runs)."""
     compiled = read_record(compile_record, CompileRecord)
     problem_path = ctx.problem_path(suite, problem)
     problem_source = sha256_bytes(problem_path.read_bytes())
+    why = load_error(problem_record)
+    if why is not None:
+        verdict = _skip(ctx, PROBLEM_ERROR, problem_error_detail(why))
+        record = VerifyRecord(platform=platform, problem_source=problem_source, source=compiled.source, verdict=verdict)
+        write_record(out, record, ctx.store)
+        return record
     if not compiled.ok:
         verdict = _skip(ctx, compiled.reason, "not verified: the candidate did not build")
         record = VerifyRecord(platform=platform, problem_source=problem_source, source=compiled.source, verdict=verdict)

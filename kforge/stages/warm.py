@@ -20,7 +20,9 @@ def run_warm(ctx: StageContext, *, platform: str, suite: str, problem: str, prob
              out: Path) -> WarmRecord:
     meta = read_record(problem_record, ProblemMeta)
     base = {"platform": platform, "problem_source": meta.source_digest}
-    if not ctx.config.profile.compile_baseline:
+    if meta.load_error is not None:
+        record = WarmRecord(**base, ok=False, skipped=f"the problem does not load: {meta.load_error}")
+    elif not ctx.config.profile.compile_baseline:
         record = WarmRecord(**base, ok=False, skipped="profile.compile_baseline is false: nothing to compile")
     else:
         from kforge.verifier.compile_cache import warm

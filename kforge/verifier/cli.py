@@ -12,8 +12,8 @@ stage's own ship rule.
 
 Exit codes: 0 verified (bench: verified and timed, whether or not it beats the baselines),
 1 rejected by the verifier or the timing checks (reason code printed) or build failed
-(compiler log printed), 2 bad usage, 3-8 the user mistakes of ``preflight.py`` (one line
-each, never a traceback).
+(compiler log printed), 2 bad usage, 3-9 the user mistakes of ``preflight.py`` (one line
+each, never a traceback; 9: the problem file does not load).
 """
 
 from __future__ import annotations

@@ -10,9 +10,14 @@ A user's mistake is a :class:`UserError` with a one-line message and an exit cod
     6  UnknownPlatform      no adapter module for --platform
     7  PlatformUnavailable  the platform cannot build or run on this host
     8  BadProblem           the problem file is not valid Python or has no class Model
+    9  ProblemDoesNotLoad   the problem file does not load: it raises at import, get_inputs() /
+                            get_init_inputs() raise or return no list, its PRESETS are bad
+                            (the pipeline's ``problem_error``)
 
 (2 stays argparse's "bad usage"; 0 verified, 1 rejected.) The signature check reads both
-files with ``ast`` and runs nothing.
+files with ``ast`` and runs nothing; then the problem file, the trusted reference, is loaded in
+this process at the ci sizes, as the pipeline's problem stage loads it (the candidate runs only
+in the sandbox).
 """
 
 from __future__ import annotations
@@ -63,6 +68,10 @@ class PlatformUnavailable(UserError):
 
 class BadProblem(UserError):
     code = 8
+
+
+class ProblemDoesNotLoad(UserError):
+    code = 9
 
 
 @dataclass(frozen=True)
@@ -136,6 +145,18 @@ def check_sources(candidate: str, problem: str) -> None:
                                  f"passes {want} (Model.{method}, from {source})")
 
 
+def check_problem_loads(problem_path: Path) -> None:
+    """``ProblemDoesNotLoad`` with the problem's own error on one line, when loading it (as the
+    pipeline's problem stage does, at the ci sizes) fails."""
+    from kforge.problems import ProblemError, load_problem
+
+    try:
+        load_problem(problem_path, preset="ci")
+    except ProblemError as err:
+        raise ProblemDoesNotLoad(f"problem file {problem_path} does not load: {err.brief} "
+                                 "(fix the problem file; nothing was verified)") from None
+
+
 def resolve_platform(name: str) -> Any:
     from kforge.platforms import UnknownPlatformError, get_platform
 
@@ -176,6 +197,7 @@ def prepare(candidate_path: Path, problem_path: Path, platform: str,
 
     source = read_source(candidate_path, "candidate")
     check_sources(source, read_source(problem_path, "problem"))
+    check_problem_loads(problem_path)
     plat = resolve_platform(platform)
     folder = build_folder(platform, build_dir).resolve()
     build_candidate(plat, source, folder)
