@@ -25,13 +25,15 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 STAGE_CODE: dict[str, tuple[str, ...]] = {
     "problem": ("problems.py", "problem_cost.py", "stages/problem.py"),
     "example": ("platforms/*.py", "stages/example.py"),
-    "generate": ("agents/**/*.py", "llm*.py", "problems.py", "stages/generate.py", "stages/agent_calls.py"),
+    "generate": ("agents/**/*.py", "llm*.py", "problems.py", "stages/generate.py", "stages/agent_calls.py",
+                 "stages/problem.py"),
     "compile": ("platforms/*.py", "stages/compile.py"),
-    "verify": ("verifier/*.py", "platforms/*.py", "problems.py", "problem_cost.py", "stages/verify.py"),
+    "verify": ("verifier/*.py", "platforms/*.py", "problems.py", "problem_cost.py", "stages/verify.py",
+               "stages/problem.py"),
     "profile": ("verifier/*.py", "platforms/*.py", "problems.py", "problem_cost.py", "stages/profile.py", "stages/warm.py"),
     "analyze": ("agents/**/*.py", "llm*.py", "stages/analyze.py", "stages/agent_calls.py"),
     "select": ("verifier/*.py", "platforms/*.py", "problems.py", "problem_cost.py", "stages/select.py", "stages/warm.py"),
-    "warm": ("verifier/*.py", "platforms/*.py", "problems.py", "stages/warm.py"),
+    "warm": ("verifier/*.py", "platforms/*.py", "problems.py", "stages/warm.py", "stages/problem.py"),
 }
 STAGE_CODE["refine"] = STAGE_CODE["generate"] + ("stages/refine.py",)
 
