@@ -61,23 +61,30 @@ def speedup_chart(rows: list[dict[str, Any]]) -> str:
     agents = len({r["agent"] for r in rows})
     fig, ax = plt.subplots(figsize=(9, 0.8 + 0.32 * len(rows)))
     shown = [r.get("speedup_vs_best") or 0.0 for r in rows]
-    thresholds = [r.get("ship_threshold") or 0.0 for r in rows]
-    top = max(2.0, min(10.0, max(shown + thresholds, default=1.0) * 1.15))
+    highs = [r.get("speedup_high") or 0.0 for r in rows]
+    top = max(2.0, min(10.0, max(shown + highs, default=1.0) * 1.15))
     for y, (r, value) in enumerate(zip(rows, shown, strict=True)):
         measured = value > 0
         ax.barh(y, min(value, top) if measured else top * 0.02, color=_color(r["status"]),
                 hatch=None if measured else "//", edgecolor="#555" if not measured else None)
-        if r.get("ship_threshold"):
-            ax.plot([r["ship_threshold"]] * 2, [y - 0.4, y + 0.4], color="#333", lw=1)
+        if r.get("speedup_low") is not None and r.get("speedup_high") is not None:  # the paired interval
+            low, high = min(r["speedup_low"], top), min(r["speedup_high"], top)
+            ax.plot([low, high], [y, y], color="#333", lw=1)
+            ax.plot([low, low], [y - 0.25, y + 0.25], color="#333", lw=1)
+            ax.plot([high, high], [y - 0.25, y + 0.25], color="#333", lw=1)
         text = f"{value:.2f}x {r['status']}" if measured else r["status"]
-        ax.text(min(value, top) + top * 0.01 if measured else top * 0.03, y, text, va="center", fontsize=8)
+        right = min(max(value, r.get("speedup_high") or 0.0), top)  # past the bracket
+        ax.text(right + top * 0.01 if measured else top * 0.03, y, text, va="center", fontsize=8)
     ax.axvline(1.0, color="#333", ls="--", lw=1)
+    for floor in sorted({r["ship_floor"] for r in rows if r.get("ship_floor")}):
+        ax.axvline(floor, color="#999", ls=":", lw=1)
     ax.set_yticks(range(len(rows)), [_label(r, agents) for r in rows], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, top * 1.3)
-    ax.set_xlabel("speedup over the faster of eager and torch.compile (dashed: 1.0; tick: ship threshold)")
+    ax.set_xlabel("paired median speedup over the faster of eager and torch.compile (dashed: 1.0; dotted: ship "
+                  "floor; bracket: 95% bounds, ships when the low end clears the floor)")
     ax.set_title("Speedup per problem (hatched: no measured speedup; the status says why)")
-    return _figure("chart-speedup", _svg(fig), "Green: shipped; amber: verified, no gain beyond the noise band; "
+    return _figure("chart-speedup", _svg(fig), "Green: shipped; amber: verified, its 95% lower bound short of the floor; "
                    "red: failed, flagged or nondeterministic reference; grey: correct but not timed here.")
 
 
@@ -208,14 +215,14 @@ def summary_table(summary: list[dict[str, Any]]) -> str:
 
 
 def cells_table(rows: list[dict[str, Any]]) -> str:
-    headers = ["agent", "platform", "problem", "status", "x best", "ship if >", "answer x", "policy", "atol",
+    headers = ["agent", "platform", "problem", "status", "x best", "x low 95%", "answer x", "policy", "atol",
                "rtol", "max abs err", "rel err norm", "err margin", "precision", "verified at", "detail", "chain"]
     body = []
     for i, r in enumerate(rows):
         cls = "status-shipped" if r["status"] == "shipped" else ("" if r["status"] in COLORS else "status-fail")
         body.append([_td(r["agent"], cls=""), _td(r["platform"], cls=""), _td(r["problem"], cls=""),
                      f'<td class="{cls}">{html.escape(r["status"])}</td>', _td(r.get("speedup_vs_best")),
-                     _td(r.get("ship_threshold")), _td(r.get("shipped_speedup")), _td(r["policy"], cls=""),
+                     _td(r.get("speedup_low")), _td(r.get("shipped_speedup")), _td(r["policy"], cls=""),
                      _td(r.get("atol"), "{:g}"), _td(r.get("rtol"), "{:g}"),
                      _td(r.get("max_abs_err"), "{:.2e}"), _td(r.get("rel_err_norm"), "{:.2e}"),
                      _td(r.get("max_margin"), "{:.3g}"), _td(r.get("precision"), cls=""),
@@ -260,7 +267,8 @@ def render(data: ReportData) -> str:
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>KForge report</title>'
         f'<meta name="viewport" content="width=device-width"><style>{CSS}</style></head><body>'
         f"<h1>KForge report</h1><p class=\"note\">{len(rows)} cells, written {stamp} from {html.escape(str(data.root))}."
-        " A row ships only when verified and faster than the faster of eager and torch.compile beyond the noise band;"
+        " A row ships only when verified and its paired speedup over the faster of eager and torch.compile has a"
+        " 95% lower bound above the floor (1.02x);"
         " every other row's answer is the PyTorch reference (1.0).</p>"
         f"{progress}<h2>Suite summary</h2>{summary_table(data.summary)}"
         f"<h2>Charts</h2>{''.join(charts)}<h2>Cells: precision, error margin, provenance</h2>{cells_table(rows)}"

@@ -154,6 +154,24 @@ class Timing(Record):
     cv: float
     reps: int
     min_ms: float
+    # per-rep milliseconds in rep order: rep i of every callable timed together was taken in the
+    # same round of the alternation, so samples pair by index (``kforge.verifier.paired``); empty
+    # in profiles written before they were recorded
+    samples: list[float] = Field(default_factory=list)
+
+
+class RatioBound(Record):
+    """A paired speedup over one baseline: the median of ``baseline_i / candidate_i`` over the
+    reps timed back to back, with distribution-free order-statistic bounds on that median
+    (``kforge.verifier.paired``): ``low`` and ``high`` are each a one-sided bound at
+    ``confidence``, so [low, high] is a two-sided interval at ``2 * confidence - 1``."""
+
+    baseline: Literal["eager", "compiled"]
+    n: int  # the pairs the bound is over
+    median: float
+    low: float
+    high: float
+    confidence: float
 
 
 class Profile(Record):

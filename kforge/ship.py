@@ -178,7 +178,8 @@ def header(sel: dict[str, Any], verdict: dict[str, Any], verifier_digest: str, s
         f"# policy {sel['policy']} (atol {verdict['atol']:g}, rtol {verdict['rtol']:g}; max abs err "
         f"{verdict.get('max_abs_err')}), device {sel['device']}\n"
         f"# speedup {sel['speedup_vs_best']:.2f}x over the faster of eager and torch.compile "
-        f"(ship threshold {sel['ship_threshold']:.2f}x); {sel['candidate_ms']:.4f} ms\n"
+        f"(paired median; 95% lower bound {sel['speedup_low']:.2f}x > ship floor {sel['ship_floor']:.2f}x); "
+        f"{sel['candidate_ms']:.4f} ms\n"
         f"# verifier code {verifier_digest}; kernel source sha256 {sel['best_source']}\n"
         f"# provenance: {statement} (check it: kforge audit {statement})\n"
         + HEADER_MARK
@@ -211,7 +212,8 @@ def ship(root: Path, problem: str, to: Path, *, platform: str | None = None, age
                 "externalParameters": {k: sel[k] for k in ("agent", "platform", "suite", "problem", "policy")},
                 "internalParameters": {k: sel[k] for k in (
                     "status", "best_round", "candidate_ms", "eager_ms", "compile_ms", "speedup_vs_best",
-                    "ship_threshold", "candidate_cv", "eager_cv", "compile_cv", "device")},
+                    "speedup_low", "speedup_high", "ship_floor", "candidate_cv", "eager_cv", "compile_cv",
+                    "device")},
                 "resolvedDependencies": materials(store, best, chain),
             },
             "runDetails": {

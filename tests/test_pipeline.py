@@ -33,16 +33,17 @@ def test_report_has_a_verified_timed_row_per_problem_and_ships_only_gains(run: d
     table = [dict(zip(cols, r, strict=True)) for r in rows]
     assert [r["problem"] for r in table] == ["elementwise_gelu_scale", "gemm_bias_relu", "softmax_rows"]
     for r in table:
-        # verified and timed; shipped only when faster than the faster baseline beyond the noise band
+        # verified and timed; shipped only when the paired ratio's 95% lower bound clears the floor
         assert r["status"] in ("shipped", "no_gain"), (r["problem"], r["status"], r["detail"])  # pytest cuts a dict short
         assert r["verified"]
         if r["shipped"]:
-            assert r["speedup_vs_best"] > r["ship_threshold"] > 1.0 and r["shipped_speedup"] == r["speedup_vs_best"]
+            assert r["speedup_low"] > r["ship_floor"] > 1.0 and r["shipped_speedup"] == r["speedup_vs_best"]
         else:
-            assert r["shipped_speedup"] == 1.0 and r["speedup_vs_best"] <= r["ship_threshold"]
+            assert r["shipped_speedup"] == 1.0 and r["speedup_low"] <= r["ship_floor"]
         assert r["policy"] == "strict"
         assert r["candidate_ms"] > 0 and r["eager_ms"] > 0 and r["compile_ms"] > 0
-        assert r["speedup_vs_best"] == pytest.approx(min(r["eager_ms"], r["compile_ms"]) / r["candidate_ms"], rel=1e-3)
+        # the paired median against the faster baseline, inside its own 95% bounds
+        assert r["speedup_low"] <= r["speedup_vs_best"] <= r["speedup_high"]
         assert r["best_source"] and len(r["best_source"]) == 64
 
 

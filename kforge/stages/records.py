@@ -147,7 +147,12 @@ class SelectionRecord(Record):
     verified: bool = False  # the best round passed the verifier and is trusted (KernelBench "correct")
     shipped: bool = False  # the ship rule passed: this kernel is the answer
     shipped_speedup: float = 1.0  # speedup of the answer: speedup_vs_best when shipped, else 1.0
-    ship_threshold: float | None = None  # the ratio the candidate had to exceed (noise band)
+    # the paired ratio against the faster baseline (kforge.verifier.paired): speedup_vs_best is
+    # its median, speedup_low / speedup_high its one-sided 95% bounds; it ships when
+    # speedup_low > ship_floor (None: no bound, e.g. a profile without per-rep samples)
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    ship_floor: float | None = None
     eager_cv: float | None = None
     compile_cv: float | None = None
     inputs: str | None = None  # blob digest of the manifest of verifier code, prompts, agent, environment

@@ -94,8 +94,8 @@ REPORT_COLUMNS = (
     "agent", "platform", "suite", "problem", "status", "policy", "rounds_used", "best_round", "best_candidate",
     "best_source", "candidate_ms", "eager_ms", "compile_ms", "speedup_vs_eager", "speedup_vs_compile",
     "speedup_vs_best", "candidate_cv", "device", "prompt_tokens", "completion_tokens", "cost_usd", "wall_s",
-    "transfer_from", "detail", "verified", "shipped", "shipped_speedup", "ship_threshold", "eager_cv",
-    "compile_cv", "selection_profile", "inputs",
+    "transfer_from", "detail", "verified", "shipped", "shipped_speedup", "speedup_low", "speedup_high",
+    "ship_floor", "eager_cv", "compile_cv", "selection_profile", "inputs",
 )
 
 

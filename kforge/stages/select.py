@@ -4,9 +4,12 @@ decide whether it ships.
 The winner is re-timed in one process together with both baselines (alternated), so every
 speedup in the report compares numbers taken in the same run. The ship rule: a kernel ships only
 when it verified on the device, its problem's reference is deterministic, it is not faster than
-the roofline allows, and it beats the faster of eager and torch.compile beyond the noise band,
-``ratio > 1 + max(2 * sqrt(cv_candidate^2 + cv_baseline^2), 0.02)`` (the same band as
-``kforge.verifier.timing.speedup``; cv is the coefficient of variation of the repetitions). Every
+the roofline allows, and it beats the faster of eager and torch.compile (the lower median) on
+the paired ratio: rep i of the candidate and rep i of that baseline were timed back to back, and
+the one-sided 95% lower confidence bound of the median of ``baseline_i / candidate_i``, a
+binomial order statistic (``kforge.verifier.paired``), must exceed ``SHIP_FLOOR`` = 1.02.
+``speedup_vs_*`` are the paired medians (ratios of the medians for a profile written before
+per-rep samples were recorded; such a profile has no bound and does not ship). Every
 other row says why in its status (``no_gain``, ``failed``, ``roofline_flagged``,
 ``nondeterministic_reference``, ``verified_interpreted``, ``compiled_only``, ``unavailable``) and
 its shipped answer is the PyTorch reference: ``shipped_speedup`` 1.0. The candidate itself stays
@@ -16,14 +19,13 @@ in the store, the run folder and the tables.
 from __future__ import annotations
 
 import importlib.metadata
-import math
 import platform as host_platform
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from kforge.schema import ProblemMeta
+from kforge.schema import ProblemMeta, Profile, RatioBound, Timing
 from kforge.stages.context import (
     PACKAGE_DIR,
     STAGE_CODE,
@@ -42,14 +44,43 @@ from kforge.stages.records import (
     VerifyRecord,
 )
 
-NOISE_FLOOR = 0.02  # a ratio within 2% of 1.0 is never a gain, however quiet the timing
-NOISE_K = 2.0  # how many combined CVs a gain must clear
+SHIP_FLOOR = 1.02  # the paired ratio's 95% lower bound must clear this: 2% is never a gain
 NOT_SHIPPED = 1.0  # the shipped answer of a row that does not ship: the PyTorch reference
 
 
-def ship_threshold(candidate_cv: float, baseline_cv: float) -> float:
-    """The speedup a candidate must exceed to ship (see the module docstring)."""
-    return round(1.0 + max(NOISE_FLOOR, NOISE_K * math.hypot(candidate_cv, baseline_cv)), 4)
+def ship_bound(profile: Profile) -> tuple[RatioBound | None, str]:
+    """The paired ratio against the faster baseline with its bound, or None and why not (no
+    baseline timed: the empty reason; too few or no per-rep samples: that reason)."""
+    # imported here, not at the top: kforge.verifier's package imports torch
+    from kforge.verifier.paired import faster_baseline, paired_ratio, why_no_bound
+
+    faster = faster_baseline(profile)
+    if faster is None or profile.candidate is None:
+        return None, ""
+    name, base = faster
+    bound = paired_ratio(profile.candidate, base, name)
+    return bound, "" if bound is not None else why_no_bound(profile.candidate, base)
+
+
+def best_ratio(profile: Profile, bound: RatioBound | None) -> float | None:
+    """``speedup_vs_best``: the paired median against the faster baseline (the bound's own
+    median when there is a bound)."""
+    from kforge.verifier.paired import faster_baseline
+
+    if bound is not None:
+        return bound.median
+    faster = faster_baseline(profile)
+    return paired_speedup(faster[1], profile.candidate) if faster and profile.candidate else None
+
+
+def paired_speedup(baseline: Timing | None, candidate: Timing) -> float | None:
+    """The paired median ratio; the ratio of the medians when the profile has no samples."""
+    from kforge.verifier.paired import paired_median
+
+    if baseline is None:
+        return None
+    median = paired_median(candidate, baseline)
+    return median if median is not None else _ratio(baseline.median_ms, candidate.median_ms)
 
 
 def is_nondeterministic(problem_record: Path | None) -> bool:
@@ -182,8 +213,6 @@ def run_select(
         hit = {"profile": ctx.store.put_json(profile), "seconds": round(time.perf_counter() - start, 3)}
         ctx.ledger("select", platform=first.platform, problem=first.problem, source=best_source)
         ctx.store.action_put(key, hit, [hit["profile"]])
-    from kforge.schema import Profile
-
     profile = Profile.model_validate(ctx.store.get_json(hit["profile"]))
     record = _timed_record(common, profile, best, best_dir, best_source, hit, wall)
     if hit.get("from_profile"):
@@ -216,6 +245,8 @@ def _progress(ctx: StageContext, record: SelectionRecord) -> None:
     """One line per finished cell, in the job log and appended to ``<store>/progress.log``
     (``tail -f artifacts/progress.log``; ``kforge report`` shows the cells so far)."""
     ratio = f" {record.speedup_vs_best:.2f}x vs the faster baseline" if record.speedup_vs_best else ""
+    if record.speedup_low is not None:
+        ratio += f" (95% low {record.speedup_low:.2f}x)"
     line = (f"{time.strftime('%H:%M:%S')} select {record.agent}/{record.platform}/{record.suite}/{record.problem}: "
             f"{record.status}{ratio}")
     print(line, file=sys.stderr, flush=True)
@@ -227,16 +258,21 @@ def _ratio(base: float | None, cand: float) -> float | None:
     return round(base / cand, 4) if base and cand > 0 else None
 
 
-def ship_status(ratio: float | None, threshold: float | None, flagged: bool) -> tuple[str, str]:
-    """The ship rule on a verified, timed candidate: ``shipped`` or why not."""
+def ship_status(bound: RatioBound | None, flagged: bool, *, no_bound: str = "") -> tuple[str, str]:
+    """The ship rule on a verified, timed candidate: ``shipped`` or why not. ``bound`` is the
+    paired ratio against the faster baseline; without one, ``no_bound`` says why (empty: no
+    baseline was timed at all)."""
     if flagged:
         return "roofline_flagged", "faster than the roofline allows: not trusted, not shipped"
-    if ratio is None or threshold is None:
+    if bound is None and not no_bound:
         return "failed", "no baseline was timed: nothing to compare against, not shipped"
-    if ratio > threshold:
-        return "shipped", f"{ratio:.2f}x the faster baseline (ship threshold {threshold:.2f}x)"
-    return "no_gain", (f"{ratio:.2f}x the faster baseline, not above the ship threshold {threshold:.2f}x "
-                       "(1 + max(2 x combined CV, 2%)): the PyTorch reference is the answer")
+    if bound is None:
+        return "no_gain", f"no confidence bound on the speedup: {no_bound}; not shipped, the PyTorch reference is the answer"
+    what = (f"{bound.median:.2f}x the faster baseline ({bound.baseline}; paired median of {bound.n} reps, "
+            f"{bound.confidence:.0%} lower bound {bound.low:.2f}x, upper {bound.high:.2f}x)")
+    if bound.low > SHIP_FLOOR:
+        return "shipped", f"{what}: the lower bound clears {SHIP_FLOOR:.2f}x"
+    return "no_gain", f"{what}: the lower bound does not clear {SHIP_FLOOR:.2f}x, the PyTorch reference is the answer"
 
 
 def _timed_record(common: dict, profile, best: int, best_dir: Path, best_source, hit: dict, wall: float) -> SelectionRecord:  # type: ignore[no-untyped-def,type-arg]
@@ -248,12 +284,10 @@ def _timed_record(common: dict, profile, best: int, best_dir: Path, best_source,
     cand = profile.candidate.median_ms
     eager = profile.eager.median_ms if profile.eager else None
     compiled = profile.compiled.median_ms if profile.compiled else None
-    timed = [t for t in (profile.eager, profile.compiled) if t and t.median_ms]
-    faster = min(timed, key=lambda t: t.median_ms) if timed else None
-    ratio = _ratio(faster.median_ms, cand) if faster else None
-    threshold = ship_threshold(profile.candidate.cv, faster.cv) if faster else None
+    bound, no_bound = ship_bound(profile)
+    ratio = best_ratio(profile, bound)
     flagged = bool(profile.extra.get("beats_roofline"))
-    status, detail = ship_status(ratio, threshold, flagged)
+    status, detail = ship_status(bound, flagged, no_bound=no_bound)
     if profile.extra.get("compile_skipped"):
         detail += " (torch.compile not timed: profile.compile_baseline is false)"
     elif profile.extra.get("compile_error"):
@@ -265,7 +299,9 @@ def _timed_record(common: dict, profile, best: int, best_dir: Path, best_source,
         verified=not flagged,
         shipped=status == "shipped",
         shipped_speedup=ratio if status == "shipped" and ratio else NOT_SHIPPED,
-        ship_threshold=threshold,
+        speedup_low=bound.low if bound else None,
+        speedup_high=bound.high if bound else None,
+        ship_floor=SHIP_FLOOR,
         eager_cv=round(profile.eager.cv, 4) if profile.eager else None,
         compile_cv=round(profile.compiled.cv, 4) if profile.compiled else None,
         best_round=best,
@@ -275,8 +311,8 @@ def _timed_record(common: dict, profile, best: int, best_dir: Path, best_source,
         eager_ms=round(eager, 6) if eager else None,
         compile_ms=round(compiled, 6) if compiled else None,
         candidate_cv=round(profile.candidate.cv, 4),
-        speedup_vs_eager=_ratio(eager, cand),
-        speedup_vs_compile=_ratio(compiled, cand),
+        speedup_vs_eager=paired_speedup(profile.eager, profile.candidate),
+        speedup_vs_compile=paired_speedup(profile.compiled, profile.candidate),
         speedup_vs_best=ratio,
         device=profile.device,
         wall_s=round(wall + hit["seconds"], 3),

@@ -98,27 +98,28 @@ def _peaks(device: str, policy: str, fresh: bool = False) -> Any:
 
 
 def summary(profile: Profile) -> dict[str, Any]:
-    """Milliseconds, CVs, speedups and the ship verdict, computed as ``select`` computes them."""
-    from kforge.stages.select import _ratio, ship_status, ship_threshold
+    """Milliseconds, CVs, speedups and the ship verdict, computed as ``select`` computes them: the
+    paired median ratios and the 95% lower bound against the faster baseline (``paired.py``);
+    the detail line prints the bound."""
+    from kforge.stages.select import SHIP_FLOOR, best_ratio, paired_speedup, ship_bound, ship_status
 
     def timing(t: Timing | None) -> dict[str, float] | None:
         return None if t is None else {"median_ms": round(t.median_ms, 6), "cv": round(t.cv, 4)}
 
     cand = profile.candidate
     assert cand is not None
-    timed = [t for t in (profile.eager, profile.compiled) if t and t.median_ms]
-    faster = min(timed, key=lambda t: t.median_ms) if timed else None
-    ratio = _ratio(faster.median_ms, cand.median_ms) if faster else None
-    threshold = ship_threshold(cand.cv, faster.cv) if faster else None
-    status, detail = ship_status(ratio, threshold, bool(profile.extra.get("beats_roofline")))
+    bound, no_bound = ship_bound(profile)
+    ratio = best_ratio(profile, bound)
+    status, detail = ship_status(bound, bool(profile.extra.get("beats_roofline")), no_bound=no_bound)
     if profile.extra.get("compile_skipped"):
         detail += " (torch.compile not timed: --eager-only)"
     return {
         "status": status, "detail": detail, "device": profile.device,
         "candidate": timing(cand), "eager": timing(profile.eager), "compiled": timing(profile.compiled),
-        "speedup_vs_eager": _ratio(profile.eager.median_ms, cand.median_ms) if profile.eager else None,
-        "speedup_vs_compile": _ratio(profile.compiled.median_ms, cand.median_ms) if profile.compiled else None,
-        "speedup_vs_best": ratio, "ship_threshold": threshold,
+        "speedup_vs_eager": paired_speedup(profile.eager, cand),
+        "speedup_vs_compile": paired_speedup(profile.compiled, cand),
+        "speedup_vs_best": ratio, "speedup_low": bound.low if bound else None,
+        "speedup_high": bound.high if bound else None, "ship_floor": SHIP_FLOOR,
         "clock": profile.extra.get("clock", "in-process"), "checked": profile.extra.get("checked"),
         "compile_baseline": not profile.extra.get("compile_skipped"),
     }

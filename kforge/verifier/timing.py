@@ -57,7 +57,8 @@ def summarize(ms: list[float]) -> Timing:
         raise ValueError("no timing samples")
     mean = statistics.fmean(ms)
     cv = statistics.pstdev(ms) / mean if mean > 0 and len(ms) > 1 else 0.0
-    return Timing(median_ms=statistics.median(ms), mean_ms=mean, cv=cv, reps=len(ms), min_ms=min(ms))
+    return Timing(median_ms=statistics.median(ms), mean_ms=mean, cv=cv, reps=len(ms), min_ms=min(ms),
+                  samples=[float(f"{v:.6g}") for v in ms])  # rep order: paired by index (paired.py)
 
 
 def pin_cpu(threads: int | None) -> dict[str, Any]:
