@@ -36,6 +36,14 @@ class Platform(Protocol):
         ...
 
 
+def sandbox_inputs(platform: object, source: str, build_dir: Path) -> list[Path]:
+    """What of the build folder a sandboxed run of ``source`` may see: the adapter's
+    ``sandbox_inputs`` where it has one (the cpu platform: the candidate's own library), else the
+    whole folder (Triton's and CUDA's caches and extension builds)."""
+    own = getattr(platform, "sandbox_inputs", None)
+    return list(own(source, build_dir)) if own is not None else [Path(build_dir)]
+
+
 def candidate_file(workdir: Path, source: str, name: str = "candidate.py") -> Path:
     """Write ``source`` to ``<workdir>/candidates/<digest>/<name>`` (atomically) and return it.
 

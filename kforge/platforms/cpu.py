@@ -20,6 +20,9 @@ BUILD_LOG_CHARS = 4000
 class CpuPlatform:
     name = "cpu"
     language = "C++17 + OpenMP (ctypes)"
+    # numpy, scipy and friends are not in a candidate's view (sandbox_view.foreign_libraries):
+    # on a CPU their BLAS would do the work beside a trivial kernel of the candidate's own
+    hides_foreign_libraries = True
 
     def describe(self) -> PlatformInfo:
         missing = [tool for tool in (cpu_runtime.CXX,) if shutil.which(tool) is None]
@@ -65,6 +68,14 @@ class CpuPlatform:
 
     def device(self) -> str:
         return "cpu"
+
+    def sandbox_inputs(self, source: str, build_dir: Path) -> list[Path]:
+        """What of the build folder a sandboxed run of ``source`` sees: its own library, not
+        every other candidate's (the folder is shared)."""
+        try:
+            return [cpu_runtime.library_path(cpu_runtime.extract_cpp_source(source), Path(build_dir))]
+        except cpu_runtime.CpuRuntimeError:
+            return []
 
     def worker_env(self, build_dir: Path) -> dict[str, str]:
         return {"KFORGE_BUILD_DIR": str(build_dir), "KFORGE_NO_BUILD": "1"}

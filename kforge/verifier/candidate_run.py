@@ -84,6 +84,7 @@ def _import_candidate(job: dict[str, Any], fail: Send, finish: Send) -> tuple[An
     try:
         module = load_module(Path(job["candidate_path"]), "kforge_candidate")
     except BaseException as exc:  # noqa: BLE001 - SystemExit and friends count as import errors
+        refuse_foreign(exc, job, finish)
         fail("import_error", exc)
     moved = integrity.changed()
     if moved:
@@ -91,6 +92,16 @@ def _import_candidate(job: dict[str, Any], fail: Send, finish: Send) -> tuple[An
     if not isinstance(getattr(module, "ModelNew", None), type):
         finish({"error": "no_model_new", "message": "the candidate module defines no class ModelNew"})
     return module, integrity, counter
+
+
+def refuse_foreign(exc: BaseException, job: dict[str, Any], finish: Send) -> None:
+    """A numerical library this view does not hold (``sandbox_view.foreign_libraries``) was
+    imported: ``foreign_compute``, whenever the import happened."""
+    name = str(getattr(exc, "name", "") or "") if isinstance(exc, ModuleNotFoundError) else ""
+    if name and name.split(".")[0] in job.get("hidden", []):
+        finish({"error": "foreign_compute", "message": (
+            f"the candidate imports {name}, a numerical library candidates on this platform do not "
+            "get: do the work in your own kernel")})
 
 
 def run_candidate(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> None:
@@ -155,6 +166,7 @@ def run_candidate(job: dict[str, Any], send: Send, finish: Send, fail: Send) -> 
 
             if _is_oom(exc) or _is_device_error(exc):
                 fail("crashed", exc)  # remapped to oom / device_error: the process is suspect
+            refuse_foreign(exc, job, finish)
             send({"kind": "case", "index": case.index, "error": f"{type(exc).__name__}: {exc}"[:2000]})
             continue
         report, tensors = output_report(out, inputs, device)

@@ -20,6 +20,10 @@ Each finding carries a reason code (``reasons.Reason``) and the line it points a
                             relative-error norm at 1e-4 rejects any plain bf16, fp16 or TF32
                             product, 2^-9 and 2^-11)
 - ``forbidden_include``    ``#include`` of an absolute path or a path with ``..``
+- ``foreign_compute``      importing a numerical library (numpy, scipy, ...: ``sandbox_view.NUMERICAL``)
+                            the reference does not import itself, loading libraries by hand
+                            (``ctypes.CDLL``, ``dlopen``/``dlsym`` in kernel source), or calling
+                            a BLAS / LAPACK / oneDNN entry point from kernel source
 Code inside ``@triton.jit`` functions is kernel code: its ``tl.*`` calls are not torch ops.
 """
 
@@ -30,6 +34,7 @@ import re
 from dataclasses import dataclass
 
 from kforge.verifier.reasons import Reason
+from kforge.verifier.sandbox_view import NUMERICAL, imported_modules
 
 OP_CLASSES: dict[str, frozenset[str]] = {
     "matmul": frozenset({"matmul", "mm", "bmm", "addmm", "linear", "Linear", "einsum", "baddbmm",
@@ -83,6 +88,9 @@ INTROSPECTION_ATTRS = frozenset({"__dict__", "__closure__", "__code__", "cell_co
 LOW_PRECISION_ATTRS = frozenset({"half", "bfloat16", "float16", "autocast", "allow_tf32",
                                  "set_float32_matmul_precision", "allow_bf16_reduced_precision_reduction",
                                  "allow_fp16_reduced_precision_reduction", "float8_e4m3fn", "float8_e5m2"})
+# In kernel source (C++ / CUDA strings): another library's compute reached by hand
+FOREIGN_SOURCE_RE = re.compile(r"\b(dlopen|dlsym|cblas_\w+|LAPACKE_\w+|mkl_\w+|dnnl_\w+|cublas\w*|cudnn\w*)\s*\(")
+LIBRARY_LOADERS = frozenset({"CDLL", "cdll", "PyDLL", "pydll", "LoadLibrary", "dlopen", "WinDLL", "find_library"})
 INCLUDE_RE = re.compile(r"#\s*(?:include|embed)\s*[<\"]\s*(/[^>\"]*|[^>\"]*\.\.[/\\][^>\"]*)[>\"]")
 
 
@@ -232,7 +240,36 @@ def static_check(source: str, problem_source: str, *, platform: str) -> list[Fin
             for m in INCLUDE_RE.finditer(const.value):
                 findings.append(Finding(Reason.FORBIDDEN_INCLUDE, const.lineno,
                                         f"#include of {m.group(1)!r}: only system headers by <name>"))
+            for m in FOREIGN_SOURCE_RE.finditer(const.value):
+                findings.append(Finding(Reason.FOREIGN_COMPUTE, const.lineno,
+                                        f"kernel source calls {m.group(1)}(): the work belongs in your own kernel"))
+    findings += foreign_imports(tree, problem_source)
     return sorted(set(findings), key=lambda f: (f.line, f.reason))
+
+
+def foreign_imports(tree: ast.AST, problem_source: str) -> list[Finding]:
+    """Numerical libraries the candidate imports and the reference does not; libraries loaded
+    by hand (``ctypes.CDLL(...)``): another library doing the work beside a trivial kernel."""
+    allowed = imported_modules(problem_source)
+    out = []
+    for node in ast.walk(tree):
+        mods: list[str] = []
+        if isinstance(node, ast.Import):
+            mods = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            mods = [node.module]
+        for mod in mods:
+            top = mod.split(".")[0]
+            if top in NUMERICAL and top not in allowed:
+                out.append(Finding(Reason.FOREIGN_COMPUTE, node.lineno,
+                                   f"imports {mod}: the work belongs in your own kernel, not another library's"))
+        if isinstance(node, ast.Attribute | ast.Name):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id
+            if name in LIBRARY_LOADERS:
+                out.append(Finding(Reason.FOREIGN_COMPUTE, node.lineno,
+                                   f"uses {name}: load kernels through the platform's runtime "
+                                   "(cpu_runtime.load_library), not libraries by hand"))
+    return out
 
 
 def _is_fp32_upcast(node: ast.AST) -> bool:

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from kforge.verifier.comparison import Comparison, verdict_of
 from kforge.verifier.probes import is_heavy, is_plumbing, precision_violations
 from kforge.verifier.protocol import WIRE_DTYPES, Frame
 from kforge.verifier.reasons import Reason
@@ -68,22 +69,6 @@ def against_exact(results: list[Comparison], c_out: list[np.ndarray], exact: lis
     return out
 
 
-@dataclass
-class Comparison:
-    """One output against the reference: the failure kind (None: passed), the errors, and the
-    margin: the worst error over what the rule allowed (<= 1 passes; see :func:`compare`)."""
-
-    kind: str | None
-    max_abs_err: float
-    rel_err_norm: float
-    margin: float | None  # None: not measurable (non-finite where the reference is finite)
-    rule: str  # "elementwise" or "norm": which limit the margin is closest to
-    fingerprint: list[float] = field(default_factory=list)  # IPC path only: equality hint
-
-    def as_tuple(self) -> tuple[str | None, float, float]:
-        return self.kind, self.max_abs_err, self.rel_err_norm
-
-
 def measure(c: np.ndarray, r: np.ndarray, tol: float, dist: str = "native") -> Comparison:
     """:func:`compare` with the margin: on the problem's own inputs (``native``, the other-sizes
     case) max(max_i |c_i - r_i| / (atol + rtol |r_i|), rel_err_norm / tol); on the stress
@@ -100,15 +85,7 @@ def measure(c: np.ndarray, r: np.ndarray, tol: float, dist: str = "native") -> C
     err_norm = float(np.linalg.norm(diff))
     rel = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
     ratio = float((diff / (tol + tol * np.abs(r[r_fin]))).max()) if elementwise and diff.size else 0.0
-    return _verdict_of(max_abs, rel, ratio, tol, elementwise)
-
-
-def _verdict_of(max_abs: float, rel: float, ratio: float, tol: float, elementwise: bool) -> Comparison:
-    """Shared by the numpy path and the on-device (IPC) path (``gpu_compare.compare_on_device``)."""
-    norm_margin = rel / tol
-    margin, rule = (ratio, "elementwise") if elementwise and ratio >= norm_margin else (norm_margin, "norm")
-    ok = (not elementwise or ratio <= 1.0) and rel <= tol  # NaN in either -> False
-    return Comparison(None if ok else "mismatch", max_abs, rel, margin, rule)
+    return verdict_of(max_abs, rel, ratio, tol, elementwise)
 
 
 def compare(c: np.ndarray, r: np.ndarray, tol: float, dist: str = "native") -> tuple[str | None, float, float]:

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kforge.verifier.correctness import Comparison, _verdict_of
+from kforge.verifier.comparison import Comparison, verdict_of
+from kforge.verifier.protocol import tensor_bytes
 
 ENV = "KFORGE_JUDGE_FD"  # the parent's pipe, for the judge alone
 PROBE_ELEMENTS = 1 << 16  # the harness's own tensor, shared before the candidate import
@@ -176,7 +177,7 @@ def export_file(t: Any, folder: Path, n: int) -> dict[str, Any]:
         raise TypeError("only plain CPU tensors travel by file")
     data = t.detach().contiguous()
     path = folder / f"judge-{os.getpid()}-{n}.bin"
-    path.write_bytes(data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    path.write_bytes(tensor_bytes(data))
     return {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."), "file": str(path)}
 
 
@@ -266,7 +267,7 @@ def compare_on_device(c: Any, r: Any, tol: float, dist: str = "native", chunk: i
         fp1 += float((safe * torch.remainder(index * 0.6180339887498949, 1.0)).sum())
     err, ref = math.sqrt(err_sq), math.sqrt(ref_sq)
     rel = err / ref if ref > 0 else (0.0 if err == 0 else float("inf"))
-    out = _verdict_of(max_abs, rel, ratio, tol, elementwise)
+    out = verdict_of(max_abs, rel, ratio, tol, elementwise)
     out.fingerprint = [fp0, fp1, float(fc.numel())]
     return out
 

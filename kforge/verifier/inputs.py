@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from kforge.verifier.protocol import tensor_bytes
+
 DISTRIBUTIONS: tuple[str, ...] = ("native", "signed", "heavy", "scaled")
 
 
@@ -121,7 +123,7 @@ def input_digests(values: list[Any]) -> list[str]:
         if isinstance(value, torch.Tensor):
             t = value.detach().to("cpu").contiguous()
             h.update(f"{tuple(t.shape)}{t.dtype}".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            h.update(tensor_bytes(t))
         else:
             h.update(repr(value).encode())
         out.append(h.hexdigest())

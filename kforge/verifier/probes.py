@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kforge.verifier.protocol import WIRE_DTYPES, wire_dtype
+from kforge.verifier.protocol import tensor_bytes, wire_dtype
 
 # Aten ops that are plumbing, not compute: never "the reference's compute" by themselves.
 PLUMBING = (
@@ -223,7 +223,7 @@ def encode_tensor(t: torch.Tensor) -> tuple[dict[str, Any], bytes]:
     data = t.detach().to("cpu")
     if data.is_complex():
         data = torch.view_as_real(data)
-    raw = data.to(target).contiguous().numpy().astype(WIRE_DTYPES[wire], copy=False).tobytes()
+    raw = tensor_bytes(data.to(target))
     meta = {"shape": list(t.shape), "dtype": str(t.dtype), "wire": wire, "device": str(t.device)}
     return meta, raw
 

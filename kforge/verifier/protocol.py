@@ -34,6 +34,17 @@ class Frame:
     blobs: list[bytes] = field(default_factory=list)
 
 
+def tensor_bytes(t: Any) -> bytes:
+    """A CPU tensor's elements as raw bytes in C order, without numpy (a cpu candidate's
+    sandbox has none: ``sandbox_view.py``). The host's byte order is little-endian (x86-64,
+    arm64), the wire's."""
+    import ctypes
+
+    data = t.detach().contiguous()
+    n = data.numel() * data.element_size()
+    return ctypes.string_at(data.data_ptr(), n) if n else b""
+
+
 def encode_frame(nonce: bytes, header: dict[str, Any], blobs: list[bytes] | None = None) -> bytes:
     blobs = blobs or []
     head = dict(header, blobs=[len(b) for b in blobs])

@@ -120,7 +120,7 @@ def run_job(
     gpu: bool, candidate_source: str | None = None, ro_paths: list[Path] | None = None,
     argv_prefix: Callable[[Path], list[str]] | None = None, collect: Sequence[str] = (),
     companion: Companion | None = None, seed: Callable[[Path], object] | None = None,
-    keep_to: Path | None = None,
+    keep_to: Path | None = None, hide: list[str] | None = None,
 ) -> JobOutcome:
     """Run one worker job in a fresh scratch folder (deleted afterwards).
 
@@ -130,7 +130,8 @@ def run_job(
     The candidate can write there too: treat what comes back as its word, not the tool's.
     ``seed(scratch)`` fills the scratch folder before the worker starts (compile caches);
     ``keep_to``: the worker's compile caches (``inductor/``, ``triton/``) copied there after it
-    ends (a trusted job's only; both in :mod:`kforge.verifier.compile_cache`)."""
+    ends (a trusted job's only; both in :mod:`kforge.verifier.compile_cache`). ``hide``:
+    libraries the worker must not see (``sandbox_view.foreign_libraries``)."""
     scratch = Path(tempfile.mkdtemp(prefix="kforge-run-", dir=scratch_root))
     try:
         if seed is not None:
@@ -142,15 +143,12 @@ def run_job(
         payload = json.dumps(dict(job, nonce=nonce.hex())).encode()
         env = worker_env(env_extra, scratch, job.get("threads"))
         private_triton_cache(env, scratch, with_builds=candidate_source is not None)
-        # Import paths under the sandbox's private /tmp (a checkout or a wheel folder there) must
-        # be bound read-only to stay visible.
-        visible = [*(ro_paths or []), *(Path(p) for p in import_paths() if Path(p).is_dir())]
         argv = [*(argv_prefix(scratch) if argv_prefix else []), *python_argv("kforge.verifier.worker_main")]
         with held(gpu) as lease:  # the device's lease (device_lease.py): shared; a timing job's
             if lease is not None and companion is not None and hasattr(companion, "on_gate"):
                 companion.on_gate = lease.exclusive  # worker asks for the device to itself
             result = run_sandboxed(argv, env=env, scratch=scratch, stdin=payload, limits=limits,
-                                   ro_paths=visible, gpu=gpu, companion=companion)
+                                   ro_paths=list(ro_paths or []), gpu=gpu, companion=companion, hide=hide)
         outcome = interpret(result, nonce, scratch)
         outcome.files = {name: _read_capped(scratch / name) for name in collect}
         if keep_to is not None:

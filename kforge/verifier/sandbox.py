@@ -2,11 +2,13 @@
 
 Layers, strongest available first (the chosen combination is recorded as ``mode``)::
 
-    isolation   bwrap   read-only root, private /tmp, scratch bound read-write, no network,
-                        own PID namespace (escaped grandchildren die with it), die-with-parent
-                unshare  util-linux unshare (root only): no network, own PID and mount namespace,
-                        every mount read-only but the scratch and its own /proc
-                        (ro_mounts.py), no capabilities
+    isolation   bwrap   the run's view (sandbox_view.py: the system, the interpreter, the
+                        package, the job's inputs, read-only; a private /tmp; the scratch
+                        read-write; nothing else), no network, own PID namespace (escaped
+                        grandchildren die with it), die-with-parent
+                unshare  util-linux unshare (root only): the same view built in a new mount
+                        namespace and chrooted into (ro_mounts.py), no network, own PID
+                        namespace, no capabilities
                 setsid   own session / process group only
     limits      cgroup   pids.max (holds as root) + memory cap + kill-by-group
                 uid      drop to nobody with RLIMIT_NPROC (root without cgroups)
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Protocol
 
 from kforge.verifier.cgroups import RunCgroup
+from kforge.verifier.sandbox_view import View, build_view
 
 NOBODY = 65534
 
@@ -161,35 +164,37 @@ def isolation_available() -> str:
     return "setsid"
 
 
-def _wrap(argv: list[str], isolation: str, *, scratch: Path, ro_paths: list[Path], gpu: bool,
-          drop_uid: bool) -> list[str]:
+def _wrap(argv: list[str], isolation: str, *, view: View, drop_uid: bool) -> list[str]:
     to_nobody = [f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"] if drop_uid else []
-    if isolation == "unshare":  # root: mounts read-only but the scratch, then no capabilities left
+    if isolation == "unshare":  # root: the view built in a new mount namespace, then no capabilities
         no_caps = ["--bounding-set", "-all", "--inh-caps", "-all", "--no-new-privs"]
         return ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc",
-                sys.executable, "-I", str(Path(__file__).with_name("ro_mounts.py")), str(scratch),
-                *(str(p) for p in _unique([*interpreter_paths(), *ro_paths]) if p.exists()), "--",
+                sys.executable, "-I", str(Path(__file__).with_name("ro_mounts.py")), view.to_json(), "--",
                 "setpriv", *to_nobody, *no_caps, "--", *argv]
     tail = ["setpriv", *to_nobody, "--", *argv] if drop_uid else list(argv)
     if isolation == "bwrap":
-        cmd = ["bwrap", "--ro-bind", "/", "/", "--proc", "/proc"]
-        cmd += ["--dev-bind", "/dev", "/dev"] if gpu else ["--dev", "/dev"]
-        cmd += ["--tmpfs", "/tmp"]
-        for p in _unique([*interpreter_paths(), *ro_paths]):
-            if p.exists():
-                cmd += ["--ro-bind", str(p), str(p)]
-        cmd += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch)]
-        cmd += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-                "--die-with-parent", "--new-session", "--"]
-        return cmd + tail
+        return ["bwrap", *view.bwrap_args(), "--unshare-net", "--unshare-pid", "--unshare-ipc",
+                "--unshare-uts", "--die-with-parent", "--new-session", "--", *tail]
     return tail
+
+
+def tool_dirs(argv: list[str]) -> list[Path]:
+    """Where the programs a run starts live, when that is outside the system folders (a
+    profiler installed under /opt): their folders are part of the view."""
+    found = []
+    for arg in argv:
+        if arg.startswith("/") and Path(arg).is_file() and os.access(arg, os.X_OK):
+            found.append(Path(arg).resolve().parent)
+    return found
 
 
 def run_sandboxed(argv: list[str], *, env: dict[str, str], scratch: Path, stdin: bytes,
                   limits: Limits, ro_paths: list[Path] | None = None,
-                  gpu: bool = False, companion: Companion | None = None) -> SandboxResult:
+                  gpu: bool = False, companion: Companion | None = None,
+                  hide: list[str] | None = None) -> SandboxResult:
     """Run ``argv`` (a python worker) sandboxed; ``stdin`` is its whole job description.
-    ``companion`` (``handshake.CallTimer``) gets pipes into the child and the child's pid."""
+    ``companion`` (``handshake.CallTimer``) gets pipes into the child and the child's pid. The
+    run sees its view (``sandbox_view.py``): ``ro_paths`` read-only, ``hide`` (libraries) not at all."""
     isolation = isolation_available()
     cgroup = RunCgroup.create(max_pids=limits.max_pids, memory_mb=limits.memory_mb)
     root = os.geteuid() == 0
@@ -223,8 +228,10 @@ def run_sandboxed(argv: list[str], *, env: dict[str, str], scratch: Path, stdin:
         _Capture(err_r, limits.keep_output, flood, limits.flood_bytes, raw=False),
         _Capture(read_res, 0, flood, limits.result_bytes, raw=True),
     ]
-    cmd = _wrap(argv, isolation, scratch=scratch, ro_paths=ro_paths or [], gpu=gpu,
-                drop_uid=drop_uid)
+    imports = [Path(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    view = build_view(scratch=scratch, ro_paths=[*(ro_paths or []), *tool_dirs(argv)], gpu=gpu,
+                      hide=hide or [], import_dirs=imports)
+    cmd = _wrap(argv, isolation, view=view, drop_uid=drop_uid)
     full_env = {**env, "KFORGE_RESULT_FD": str(write_res), **(companion.env() if companion else {})}
     start = time.monotonic()
     proc: subprocess.Popen[bytes] | None = None
@@ -319,27 +326,6 @@ def _survivors(pid: int, cgroup: RunCgroup | None) -> list[int]:
         if pgid == pid:
             found.append(int(entry.name))
     return found
-
-
-def interpreter_paths() -> list[Path]:
-    """Where this Python lives: its prefixes, the folder of its executable (a venv's ``bin``) and
-    its site-packages. Bound read-only into the sandbox like the checkout: a virtual environment
-    under /tmp is otherwise hidden by the sandbox's private /tmp ("bwrap: execvp
-    .../bin/python3: No such file or directory")."""
-    import site
-
-    found = [Path(sys.prefix), Path(sys.exec_prefix), Path(sys.base_prefix), Path(sys.executable).parent,
-             Path(sys.executable).resolve().parent]
-    try:
-        found += [Path(p) for p in site.getsitepackages()]
-    except AttributeError:  # an old-style virtualenv's site module
-        pass
-    return [p for p in found if p.is_absolute() and p != Path("/")]
-
-
-def _unique(paths: list[Path]) -> list[Path]:
-    seen: set[Path] = set()
-    return [p for p in paths if not (p in seen or seen.add(p))]  # type: ignore[func-returns-value]
 
 
 def python_argv(module: str) -> list[str]:

@@ -30,6 +30,7 @@ from kforge.verifier.protocol import Frame
 from kforge.verifier.reasons import Reason
 from kforge.verifier.runner import JobOutcome, build_folder, run_job
 from kforge.verifier.sandbox import Limits
+from kforge.verifier.sandbox_view import foreign_libraries
 
 MODEL_SEED = 42
 Compare = Literal["auto", "host", "device"]
@@ -124,6 +125,7 @@ def run_verification(
         if findings:
             return verdict(findings[0].reason, "; ".join(str(f) for f in findings[:5]), sandbox="none")
     from kforge.platforms import UnknownPlatformError, get_platform
+    from kforge.platforms.base import sandbox_inputs
 
     try:
         plat = get_platform(platform)
@@ -136,6 +138,7 @@ def run_verification(
     build = build_folder(platform, build_dir)
     env = plat.worker_env(build)
     gpu = device == "cuda"
+    hidden = foreign_libraries(problem_source) if getattr(plat, "hides_foreign_libraries", False) else []
     on_device = compare == "device" or (compare == "auto" and gpu)
     # on the device: the judge (a second process with its own CUDA context) shares the limits,
     # and the stress inputs are drawn on the host at the timed size
@@ -150,7 +153,7 @@ def run_verification(
                    "sizes": sizes, "cases": cases, "device": device, "model_seed": MODEL_SEED}
         if on_device:
             ref_job.update(device_compare=True, draw_on_device=True)
-        ro = [build, problem_path.parent]
+        ro = [*sandbox_inputs(plat, source, build), problem_path.parent]
         ref = _reference(ref_job, scratch=scratch, env=env, limits=Limits(timeout_s=max(timeout_s, 300), memory_mb=None), gpu=gpu,
                          ro_paths=ro, fresh=fresh)
         extra: dict[str, Any] = {"sandbox": ref.mode if ref.mode != "cache" else "", "device": device,
@@ -168,14 +171,14 @@ def run_verification(
             cases[shape_index]["sizes"] = shape_frame.header["sizes"]
         else:
             cases.pop()
-        cand_job = dict(ref_job, mode="candidate", cases=cases, tol=tol)
+        cand_job = dict(ref_job, mode="candidate", cases=cases, tol=tol, hidden=hidden)
         link = None
         if on_device:
             from kforge.verifier.gpu_compare import JudgeLink
 
             link = JudgeLink()
         out = run_job(cand_job, scratch_root=scratch, env_extra=env, limits=limits, gpu=gpu,
-                      candidate_source=source, ro_paths=ro, companion=link)
+                      candidate_source=source, ro_paths=ro, companion=link, hide=hidden)
         extra["sandbox"] = out.mode
         extra["phase_s"]["candidate"] = round(out.seconds, 3)
         extra["phase_s"].update(worker_phases("candidate", out.done))
