@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kforge.schema import TOLERANCES, ProblemMeta
+from kforge.schema import ProblemMeta
 from kforge.stages.context import StageContext, read_record, write_record
 from kforge.stages.records import WarmRecord
 
@@ -30,8 +30,8 @@ def run_warm(ctx: StageContext, *, platform: str, suite: str, problem: str, prob
         suite_cfg, prof = ctx.config.suites[suite], ctx.config.profile
         folder = (ctx.build_dir / "compile_cache" / platform / suite / problem).resolve()
         result = warm(ctx.problem_path(suite, problem), platform=platform, dest=folder, preset=suite_cfg.preset,
-                      sizes=suite_cfg.sizes, build_dir=ctx.build_dir.resolve(), reps=prof.reps,
-                      threads=prof.threads, tol=TOLERANCES[ctx.config.policy], timeout_s=prof.timeout_s)
+                      sizes=suite_cfg.sizes, build_dir=ctx.build_dir.resolve(), threads=prof.threads,
+                      timeout_s=prof.timeout_s)
         record = WarmRecord(**base, **{k: v for k, v in result.items() if k in WarmRecord.model_fields})
     write_record(out, record, ctx.store)
     return record

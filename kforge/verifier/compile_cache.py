@@ -1,7 +1,7 @@
 """torch.compile's baseline, compiled off the critical path.
 
-A timing job owns the machine (the CPU's cores; a GPU through its lease, device_lease.py), and compiling the reference with inductor was
-most of it: ~18 s of a 20 s profile on the CPU host. So a trusted job with no candidate in it
+A timing owns the machine (its leases, device_lease.py), and compiling the reference with
+inductor was most of a timing job: ~18 s of a 20 s profile on the CPU host. So a trusted job with no candidate in it
 (:func:`warm`) compiles the reference exactly as the timing worker does and keeps its inductor
 and Triton caches in a folder, with a manifest (the SHA-256 of every file). A timing job then
 starts with a copy of that folder in its own scratch (:class:`Seed`), checked file by file
@@ -12,8 +12,9 @@ or missing) is removed and the job compiles from nothing, as before; the profile
 
 What is not carried: inductor's autotuning picks (``*.best_config``), made while other jobs
 shared the machine. The timing job autotunes again with the machine to itself, so the compiled
-baseline is the one a cold compile gives. The compiled graph is still built and called before
-the candidate is imported (``candidate_run.run_profile``): nothing the candidate does reaches it.
+baseline is the one a cold compile gives. The compiled graph is built in the reference's timing
+worker, which never imports a candidate (``timed_worker.run_timed_reference``): nothing the
+candidate does reaches it.
 """
 
 from __future__ import annotations
@@ -48,8 +49,7 @@ def manifest_of(folder: Path) -> dict[str, str]:
 
 
 def warm(problem_path: Path, *, platform: str, dest: Path, preset: str, sizes: dict[str, int] | None,
-         build_dir: Path | None, reps: int, threads: int | None, tol: float | None,
-         timeout_s: float = 600) -> dict[str, Any]:
+         build_dir: Path | None, threads: int | None, timeout_s: float = 600) -> dict[str, Any]:
     """Compile the reference in a worker of its own and keep its caches in ``dest`` (replaced
     whole). Returns ``{"ok", "detail", "folder", "manifest", "files", "bytes", "seconds",
     "phase_s"}``; never raises for what the problem or inductor does."""
@@ -65,10 +65,10 @@ def warm(problem_path: Path, *, platform: str, dest: Path, preset: str, sizes: d
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     job = {"mode": "compile_cache", "problem_path": str(problem_path), "preset": preset, "sizes": sizes,
-           "device": device, "model_seed": MODEL_SEED, "reps": reps, "threads": threads, "tol": tol}
+           "device": device, "model_seed": MODEL_SEED, "threads": threads}
     out = run_job(job, scratch_root=None, env_extra=plat.worker_env(build),
                   limits=Limits(timeout_s=timeout_s, memory_mb=None), gpu=device == "cuda",
-                  ro_paths=[build, problem_path.parent], keep_to=staging)
+                  ro_paths=[problem_path.parent], keep_to=staging)
     body = next((f.header for f in out.frames if f.header.get("kind") == "compile_cache"), {})
     result: dict[str, Any] = {"ok": False, "device": device, "phase_s": body.get("phase_s", {})}
     if out.reason is not None or not body:

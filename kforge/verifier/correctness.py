@@ -3,7 +3,8 @@
 Per case, in this order (the first failure is the verdict)::
 
     candidate raised ─> shape case only? shape_specialized : crashed
-    harness replaced (tampering) ─> precision flags (strict) ─> wrong device ─> inputs mutated
+    harness replaced (tampering) ─> global state changed ─> precision flags (strict) ─> wrong
+    device ─> inputs mutated
     ─> outputs alias inputs ─> work after return ─> structure / shape / dtype
     ─> non-finite where the reference is finite ─> |c - r| <= atol + rtol |r| (NaN fails)
     ─> ||c - r|| / ||r|| <= tol ─> equal to its previous output while the reference moved?
@@ -131,6 +132,8 @@ def judge(
             return Judgement(reason, f"case {index}{' (other sizes)' if is_shape else ''}: {h['error']}")
         if h.get("tampered"):
             return Judgement(Reason.HARNESS_TAMPERING, "replaced " + ", ".join(h["tampered"][:6]))
+        if h.get("global_state"):
+            return Judgement(Reason.GLOBAL_STATE_TAMPERING, "changed global state: " + "; ".join(h["global_state"][:6]))
         bad_precision = precision_violations(h["flags"], h.get("flags_before", {}))
         if strict and bad_precision:
             return Judgement(Reason.PRECISION_BELOW_POLICY, "; ".join(bad_precision) + " under strict")
@@ -245,29 +248,41 @@ def _launch_checks(h: dict[str, Any], ref_h: dict[str, Any], platform: str) -> J
     return None
 
 
-def judge_repeats(ref: dict[int, Frame], repeats: list[Frame], tol: float,
+def judge_repeats(ref: dict[int, Frame], ref_repeats: list[Frame], repeats: list[Frame], tol: float,
                   on_device: dict[tuple[str, int], list[Comparison]] | None = None) -> Judgement | None:
-    """The repeat phase's answers (``checked.repeat_phase``) against the reference's answers for
-    the same cases; None when they agree (or there is nothing to hold them to). ``on_device``:
-    compared on the GPU by the trusted judge, keyed by ("repeat", rep)."""
+    """The repeat phase's answers (``repeats.py``) against the reference's answers for the same
+    calls' inputs; None when they agree (or there is nothing to hold them to). Every call the
+    plan emits must have answered: a phase that went quiet (skipped, or its harness silenced
+    from inside) is ``stale_output`` too. ``on_device``: compared on the GPU by the trusted
+    judge, keyed by ("repeat", rep)."""
     first = ref.get(0)
     if first is None or not first.header.get("deterministic", True):
         return None  # a nondeterministic reference: repeated answers cannot be held to it
+    if not ref_repeats or any("error" in f.header for f in ref_repeats):
+        return None  # the reference itself could not answer for the repeat phase's inputs
+    mine: dict[int, Frame] = {}
     for frame in repeats:
         h = frame.header
         if "error" in h:
             return Judgement(Reason.STALE_OUTPUT, f"a repeated call raised: {h['error']}")
-        r_frame = ref.get(int(h["case"]))
-        if r_frame is None or "error" in r_frame.header:
-            continue
-        who = ("a fresh ModelNew" if h["rep"] < 0 else
-               f"call {h['rep'] + 1} of the repeat phase (same instance, input buffer set {h['slot']})")
+        mine[int(h["rep"])] = frame
+    missing = sorted(int(f.header["rep"]) for f in ref_repeats if int(f.header["rep"]) not in mine)
+    if missing:
+        return Judgement(Reason.STALE_OUTPUT, (
+            f"the repeat phase's answers for calls {missing[:6]} never arrived: the phase did not run as "
+            "the harness runs it"))
+    for r_frame in ref_repeats:
+        rep = int(r_frame.header["rep"])
+        frame, h = mine[rep], mine[rep].header
+        case = ref.get(int(r_frame.header["case"]))
+        dist = str(case.header.get("dist", "native")) if case is not None else "native"
+        who = ("a fresh ModelNew" if rep < 0 else
+               f"call {rep + 1} of the repeat phase (same instance, input buffer set {h['slot']})")
         c_meta, r_meta = h.get("outputs", []), r_frame.header["outputs"]
         if len(c_meta) != len(r_meta) or any(c["shape"] != r["shape"] for c, r in zip(c_meta, r_meta, strict=False)):
             return Judgement(Reason.STALE_OUTPUT, f"{who}: outputs of other shapes than case {h['case']}'s")
-        dist = str(r_frame.header.get("dist", "native"))
         if on_device is not None:
-            results = on_device.get(("repeat", int(h["rep"])))
+            results = on_device.get(("repeat", rep))
             if results is None or len(results) != len(r_meta):
                 return Judgement(Reason.CRASHED, f"{who}: the comparison on the device got no answer")
         else:
@@ -275,7 +290,7 @@ def judge_repeats(ref: dict[int, Frame], repeats: list[Frame], tol: float,
         for k, res in enumerate(results):
             if res.kind is not None:
                 return Judgement(Reason.STALE_OUTPUT, (
-                    f"{who} on case {h['case']}'s inputs: output {k} max abs err {res.max_abs_err:.3g}, rel err norm "
-                    f"{res.rel_err_norm:.3g}; the first call on those inputs was right: the answer depends on what "
-                    "ran before"), res.max_abs_err, res.rel_err_norm)
+                    f"{who} on changed inputs of case {h['case']}: output {k} max abs err {res.max_abs_err:.3g}, "
+                    f"rel err norm {res.rel_err_norm:.3g}; the cases were right: the answer depends on what "
+                    "ran before or on a few sampled inputs"), res.max_abs_err, res.rel_err_norm)
     return None

@@ -26,7 +26,6 @@ import ctypes
 import json
 import math
 import os
-import struct
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -34,47 +33,17 @@ from pathlib import Path
 from typing import Any
 
 from kforge.verifier.comparison import Comparison, verdict_of
-from kforge.verifier.protocol import tensor_bytes
+from kforge.verifier.protocol import read_message, tensor_bytes, write_message
 
 ENV = "KFORGE_JUDGE_FD"  # the parent's pipe, for the judge alone
 PROBE_ELEMENTS = 1 << 16  # the harness's own tensor, shared before the candidate import
 CHUNK = 1 << 24  # elements compared at a time
-_LEN = struct.Struct("<I")
-MAX_MESSAGE = 1 << 20
-
-
-def write_message(fd: int, data: dict[str, Any]) -> None:
-    raw = json.dumps(data, allow_nan=True).encode()
-    view = memoryview(_LEN.pack(len(raw)) + raw)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def read_message(fd: int) -> dict[str, Any] | None:
-    """One length-prefixed JSON object; None at EOF. Raises ValueError on anything malformed."""
-    head = _read_exact(fd, _LEN.size)
-    if head is None:
-        return None
-    (n,) = _LEN.unpack(head)
-    if n > MAX_MESSAGE:
-        raise ValueError(f"message of {n} bytes")
-    body = _read_exact(fd, n)
-    if body is None:
-        raise ValueError("torn message")
-    data = json.loads(body)
-    if not isinstance(data, dict):
-        raise ValueError("message is not an object")
-    return data
-
-
-def _read_exact(fd: int, n: int) -> bytes | None:
-    buf = b""
-    while len(buf) < n:
-        chunk = os.read(fd, n - len(buf))
-        if not chunk:
-            return None if not buf else buf
-        buf += chunk
-    return buf
+# Under a tolerance below this (strict's 1e-4) an output may also match the reference in float64
+# (verification's ``exact`` rule): on the H100 an fp32 GEMV folded from a GEMM + row sum was
+# 2.8e-4 off the fp32 reference at one output near zero, where the fp32 reference's own rounding
+# is of that size. Skipped when the float64 inputs and answers would pass this many bytes.
+EXACT_BELOW = 1e-3
+EXACT_MAX_BYTES = 8 << 30
 
 
 # --------------------------------------------------------------------------- parent side
@@ -374,15 +343,17 @@ def judge_main() -> None:
     sys.stdin.close()
     import torch
 
+    from kforge.verifier.content import Content, rebuild
     from kforge.verifier.inputs import Case, load_case_problem, make_inputs, tensors_in
-    from kforge.verifier.worker import build_models
+    from kforge.verifier.worker import build_models, exact_outputs
 
     torch.backends.cudnn.allow_tf32 = False  # the ground truth is the fp32 answer (worker.run_reference)
     torch.backends.cuda.matmul.allow_tf32 = False
     tol = float(spec.get("tol") or 1e-4)
     device = str(spec.get("device") or "cuda")
     models: dict[str, tuple[Any, Any]] = {}
-    answers: dict[int, list[Any]] = {}  # the reference's outputs of the last two cases
+    answers: dict[str, tuple[list[Any], Any]] = {}  # the reference's outputs (fp32, float64 or None) of
+    # the last two (case, content)s
     while True:
         try:
             msg = read_message(req_fd)
@@ -406,7 +377,9 @@ def judge_main() -> None:
                 os.write(ack_fd, b"k")
                 continue
             case = Case.from_json(msg["case"])
-            if case.index not in answers:
+            content = msg["case"].get("content")  # a repeated or timed call: the case's inputs changed
+            key_answer = json.dumps([case.index, content], sort_keys=True)
+            if key_answer not in answers:
                 sizes = case.sizes if case.sizes is not None else spec.get("sizes")
                 key = json.dumps(sizes, sort_keys=True)
                 if key not in models:
@@ -414,21 +387,34 @@ def judge_main() -> None:
                     models[key] = (problem, build_models(problem, None, int(spec["model_seed"]), device)[0])
                 problem, model = models[key]
                 inputs = make_inputs(problem, case, device, draw_on_device=bool(spec.get("draw_on_device")))
+                if content is not None:
+                    inputs = rebuild(inputs, Content.from_json(content))
                 with torch.no_grad():
-                    answers[case.index] = [t.detach() for t in tensors_in(model(*inputs))]
+                    fp32 = [t.detach() for t in tensors_in(model(*inputs))]
+                exact = None  # the float64 reference: where the fp32 one is itself off (strict)
+                if tol < EXACT_BELOW and (content is not None or case.dist != "native"):
+                    held = sum(t.numel() * t.element_size() for t in tensors_in(inputs)) + sum(t.numel() for t in fp32)
+                    if 2 * held <= EXACT_MAX_BYTES:
+                        exact = exact_outputs(model, inputs, len(fp32))
+                answers[key_answer] = (fp32, exact)
                 del inputs
                 while len(answers) > 2:
                     answers.pop(next(iter(answers)))
-            want = answers[case.index]
+            want, exact = answers[key_answer]
             got = [import_tensor(m) for m in msg["outputs"]]
             if len(got) != len(want):
                 raise ValueError(f"{len(got)} outputs, the reference has {len(want)}")
             results = []
-            for g, w in zip(got, want, strict=True):
+            dist = str(case.dist) if case.sizes is None else "native"
+            for k, (g, w) in enumerate(zip(got, want, strict=True)):
                 if tuple(g.shape) != tuple(w.shape):
                     raise ValueError(f"shape {tuple(g.shape)}, the reference's {tuple(w.shape)}")
-                results.append(comparison_json(compare_on_device(g, w, tol, str(case.dist) if case.sizes is None
-                                                                 else "native")))
+                res = compare_on_device(g, w, tol, dist)
+                if res.kind == "mismatch" and exact is not None:
+                    alt = compare_on_device(g, exact[k], tol, dist)
+                    if alt.kind is None:
+                        alt.rule, res = "exact", alt
+                results.append(comparison_json(res))
             del got
             if device == "cuda":
                 torch.cuda.synchronize()

@@ -1,7 +1,7 @@
 """Paired speedup ratios and a distribution-free confidence bound on their median.
 
 The timing alternates the candidate, eager and torch.compile call by call, rep by rep
-(``timing.time_alternating``), so rep i of the candidate and rep i of a baseline were measured
+(``conductor.py``), so rep i of the candidate and rep i of a baseline were measured
 back to back, under the same host load. ``ratio_i = baseline_i / candidate_i`` cancels the
 drift they share; what a ship decision needs is how sure we are that the typical ratio beats
 1, not how much either timing spreads on its own (per-sample CVs of 9-58% on a busy 2-core

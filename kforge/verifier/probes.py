@@ -1,7 +1,11 @@
 """Dynamic probes the worker runs around each candidate call (worker side, imports torch).
 
-- ``Integrity``: identities of the timers, torch entry points and harness functions taken
-  before the candidate is imported; any replacement afterwards is harness tampering.
+- ``Integrity``: identities of the timers, torch entry points and every function and class of
+  the harness's own modules (``kforge.*`` as loaded before the candidate), taken before the
+  candidate is imported; any replacement afterwards is harness tampering.
+- ``global_state``: global torch state (module hooks, dispatch and function modes, backend
+  flags, thread counts), trace hooks and the environment, before and after: a change is
+  ``global_state_tampering``.
 - ``precision_flags``: TF32 / matmul-precision switches, read after every call.
 - ``LaunchCounter``: our kernels (``kforge::`` profiler regions, Triton JIT launches, CUDA
   kernels not issued by aten) and the aten ops a call ran.
@@ -14,6 +18,7 @@ from __future__ import annotations
 import builtins
 import inspect
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -76,6 +81,9 @@ class Integrity:
         self._add(torch.profiler, "torch.profiler", ["profile", "record_function"])
         for owner, label, names in harness:
             self._add(owner, label, names)
+        for name, module in sorted(sys.modules.items()):  # every function and class of the harness
+            if name.startswith("kforge.") and module is not None and not name.startswith(CANDIDATE_SIDE):
+                self._add(module, name, _own_callables(module))
 
     def _add(self, owner: Any, label: str, names: list[str]) -> None:
         for name in names:
@@ -93,6 +101,72 @@ class Integrity:
             elif _cells(original) != self.cells[key]:
                 moved.append(f"{key} (code, defaults or closure)")
         return moved
+
+
+CANDIDATE_SIDE = ("kforge.platforms", "kforge_candidate")  # what candidates call into: theirs to use
+
+
+def _own_callables(module: Any) -> list[str]:
+    """Names of the functions and classes a module defines itself (not what it imported)."""
+    out = []
+    for name, value in list(vars(module).items()):
+        if (inspect.isfunction(value) or inspect.isclass(value)) and getattr(value, "__module__", None) == module.__name__:
+            out.append(name)
+    return out
+
+
+MODULE_HOOKS = ("_global_backward_hooks", "_global_backward_pre_hooks", "_global_buffer_registration_hooks",
+                "_global_forward_hooks", "_global_forward_hooks_always_called", "_global_forward_hooks_with_kwargs",
+                "_global_forward_pre_hooks", "_global_module_registration_hooks",
+                "_global_parameter_registration_hooks")
+# Precision switches are not here: ``precision_flags`` holds them to the policy.
+BACKEND_FLAGS = (("cudnn", "enabled"), ("cudnn", "benchmark"), ("cudnn", "deterministic"), ("mkldnn", "enabled"),
+                 ("opt_einsum", "enabled"), ("mha", "get_fastpath_enabled"))
+ENV_IGNORED = frozenset({"KFORGE_LINK_FDS", "KFORGE_CLOCK_FDS", "KFORGE_JUDGE_FD", "KFORGE_RESULT_FD"})
+
+
+def global_state() -> dict[str, Any]:
+    """What a candidate could change to reach code outside its own: every entry comparable
+    with ``==`` and JSON-safe (``state_changes`` names what differs)."""
+    import torch.nn.modules.module as module_mod
+
+    state: dict[str, Any] = {}
+    for name in MODULE_HOOKS:
+        hooks = getattr(module_mod, name, None)
+        state[f"nn.Module.{name}"] = len(hooks) if hasattr(hooks, "__len__") else repr(hooks)
+    for name in ("_len_torch_dispatch_stack", "_len_torch_function_stack"):
+        fn = getattr(torch._C, name, None)
+        state[f"torch.{name.removeprefix('_len_')}"] = int(fn()) if fn is not None else 0
+    for group, flag in BACKEND_FLAGS:
+        owner = getattr(torch.backends, group, None)
+        value = getattr(owner, flag, None) if owner is not None else None
+        if callable(value):
+            value = value()
+        state[f"torch.backends.{group}.{flag}"] = repr(value)
+    state["torch.deterministic_algorithms"] = bool(torch.are_deterministic_algorithms_enabled())
+    state["torch.default_dtype"] = str(torch.get_default_dtype())
+    state["torch.num_threads"] = int(torch.get_num_threads())
+    state["torch.num_interop_threads"] = int(torch.get_num_interop_threads())
+    state["sys.trace"] = repr(sys.gettrace())
+    state["sys.profile"] = repr(sys.getprofile())
+    state["threading.trace"] = repr(getattr(threading, "gettrace", lambda: None)())
+    state["sys.switch_interval"] = sys.getswitchinterval()
+    state["env"] = {k: v for k, v in os.environ.items() if k not in ENV_IGNORED}
+    return state
+
+
+def state_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """What differs between two :func:`global_state` readings, named for a human."""
+    out = []
+    for key in sorted(before.keys() | after.keys()):
+        if key == "env":
+            a, b = before.get("env", {}), after.get("env", {})
+            for var in sorted(a.keys() | b.keys()):
+                if a.get(var) != b.get(var):
+                    out.append(f"environment variable {var} {'set' if var not in a else 'changed'}")
+        elif before.get(key) != after.get(key):
+            out.append(f"{key}: {before.get(key)!r} -> {after.get(key)!r}")
+    return out
 
 
 def _cells(fn: Any) -> tuple[int, ...]:

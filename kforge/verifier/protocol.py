@@ -22,6 +22,7 @@ from typing import Any
 
 NONCE_BYTES = 16
 _LEN = struct.Struct("<I")
+MAX_MESSAGE = 1 << 20
 
 
 class ProtocolError(ValueError):
@@ -104,3 +105,41 @@ def wire_dtype(torch_dtype: str) -> str:
     if "float" in torch_dtype or "complex" in torch_dtype:
         return "float32"
     return "int64"
+
+
+# Messages between trusted processes (the parent, a worker's harness, the judge): length-prefixed
+# JSON objects, small, never pickle.
+
+
+def write_message(fd: int, data: dict[str, Any]) -> None:
+    raw = json.dumps(data, allow_nan=True).encode()
+    view = memoryview(_LEN.pack(len(raw)) + raw)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def read_message(fd: int) -> dict[str, Any] | None:
+    """One length-prefixed JSON object; None at EOF. Raises ValueError on anything malformed."""
+    head = read_exact(fd, _LEN.size)
+    if head is None:
+        return None
+    (n,) = _LEN.unpack(head)
+    if n > MAX_MESSAGE:
+        raise ValueError(f"message of {n} bytes")
+    body = read_exact(fd, n)
+    if body is None:
+        raise ValueError("torn message")
+    data = json.loads(body)
+    if not isinstance(data, dict):
+        raise ValueError("message is not an object")
+    return data
+
+
+def read_exact(fd: int, n: int) -> bytes | None:
+    buf = b""
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            return None if not buf else buf
+        buf += chunk
+    return buf

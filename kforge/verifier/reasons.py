@@ -16,7 +16,7 @@ One code per way a candidate can fail; the generation agent reads the code, the 
     ├── behaviour (worker probes) no_kernel_launched, async_work_left, beats_roofline,
     │                            global_state_tampering (module hooks, dispatch / function
     │                            modes, backend flags, thread counts or env changed)
-    ├── timing (checked.py,       stale_output: a timed call's output disagrees with the
+    ├── timing (profiling.py,     stale_output: a timed call's output disagrees with the
     │   handshake.py)            reference for its inputs (the timing measured no real work);
     │                            timing_inconsistent: the worker's claimed times disagree with
     │                            the parent's clock or CPU-time reading
@@ -71,7 +71,7 @@ class Reason(StrEnum):
     ASYNC_WORK_LEFT = "async_work_left"
     BEATS_ROOFLINE = "beats_roofline"
     GLOBAL_STATE_TAMPERING = "global_state_tampering"  # hooks, modes, backend flags, threads, env changed
-    # timing (checked.py, handshake.py)
+    # timing (profiling.py, handshake.py)
     STALE_OUTPUT = "stale_output"
     TIMING_INCONSISTENT = "timing_inconsistent"
     # sanitizer (verify.sanitizer in the config; sanitizer.py)

@@ -144,9 +144,7 @@ def run_job(
         env = worker_env(env_extra, scratch, job.get("threads"))
         private_triton_cache(env, scratch, with_builds=candidate_source is not None)
         argv = [*(argv_prefix(scratch) if argv_prefix else []), *python_argv("kforge.verifier.worker_main")]
-        with held(gpu) as lease:  # the device's lease (device_lease.py): shared; a timing job's
-            if lease is not None and companion is not None and hasattr(companion, "on_gate"):
-                companion.on_gate = lease.exclusive  # worker asks for the device to itself
+        with held(gpu):  # this process's shares of the machine (device_lease.py); a timing trades them
             result = run_sandboxed(argv, env=env, scratch=scratch, stdin=payload, limits=limits,
                                    ro_paths=list(ro_paths or []), gpu=gpu, companion=companion, hide=hide)
         outcome = interpret(result, nonce, scratch)

@@ -34,7 +34,7 @@ from kforge.verifier.sandbox_view import foreign_libraries
 
 MODEL_SEED = 42
 Compare = Literal["auto", "host", "device"]
-REFERENCE_CACHE_VERSION = "3"  # 2: the reference runs with TF32 off; 3: float64 outputs of stress cases
+REFERENCE_CACHE_VERSION = "4"  # 2: TF32 off; 3: float64 outputs of stress cases; 4: repeat answers
 
 
 @functools.cache
@@ -42,13 +42,46 @@ def _reference_code_digest() -> str:
     """The code that makes the reference's frames (inputs, worker, problem loading): a change
     to any of it is a new cache key, so frames from older code are never reused."""
     import kforge.problems as problems
+    import kforge.verifier.content as content
     import kforge.verifier.inputs as inputs
+    import kforge.verifier.repeats as repeats
     import kforge.verifier.worker as worker
 
     h = hashlib.sha256()
-    for mod in (inputs, worker, problems):
+    for mod in (inputs, worker, problems, content, repeats):
         h.update(Path(str(mod.__file__)).read_bytes())
     return h.hexdigest()
+
+
+def host_secret() -> bytes:
+    """32 random bytes kept beside the reference cache (0600), made once per host: what makes
+    the repeat phase's contents and picks unpredictable to a candidate, which never sees that
+    folder (``sandbox_view.py``), while the reference's cached answers for them stay valid."""
+    path = reference_cache_dir() / "secret"
+    try:
+        data = path.read_bytes()
+        if len(data) == 32:
+            return data
+    except OSError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".secret.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(os.urandom(32))
+    try:
+        os.link(tmp, path)  # the first writer wins; everyone reads what it wrote
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path.read_bytes()
+
+
+def repeat_seed(problem_source: str) -> int:
+    """The repeat phase's plan seed for a problem (``repeats.repeat_plan``)."""
+    h = hashlib.sha256(host_secret() + problem_source.encode()).digest()
+    return int.from_bytes(h[:7], "little")
 
 
 def reference_cache_dir() -> Path:
@@ -150,7 +183,8 @@ def run_verification(
         shape_index = len(cases)
         cases.append({"index": shape_index, "seed": 99991, "dist": "native", "sizes": "auto"})
         ref_job = {"mode": "reference", "problem_path": str(problem_path), "preset": preset,
-                   "sizes": sizes, "cases": cases, "device": device, "model_seed": MODEL_SEED}
+                   "sizes": sizes, "cases": cases, "device": device, "model_seed": MODEL_SEED,
+                   "repeat_seed": repeat_seed(problem_source)}
         if on_device:
             ref_job.update(device_compare=True, draw_on_device=True)
         ro = [*sandbox_inputs(plat, source, build), problem_path.parent]
@@ -204,9 +238,14 @@ def run_verification(
                   shape_index=shape_index if shape_index in ref_cases and len(cases) > shape_index else None,
                   platform=platform, on_device=answers)
         extra.update(margins=j.margins, max_margin=max_margin(j.margins))
+        if j.reason is Reason.OK and (out.done.get("tampered") or out.done.get("global_state")):
+            moved, state = out.done.get("tampered") or [], out.done.get("global_state") or []
+            reason = Reason.HARNESS_TAMPERING if moved else Reason.GLOBAL_STATE_TAMPERING
+            return verdict(reason, "after the cases: " + "; ".join([*moved, *state][:6]) + notes, **extra)
         if j.reason is Reason.OK:
             repeats = [f for f in out.frames if f.header.get("kind") == "repeat"]
-            stale = judge_repeats(ref_cases, repeats, tol, on_device=answers)
+            ref_repeats = [f for f in ref.frames if f.header.get("kind") == "repeat_ref"]
+            stale = judge_repeats(ref_cases, ref_repeats, repeats, tol, on_device=answers)
             if stale is not None:
                 return verdict(stale.reason, stale.detail + notes, trials=j.cases, max_abs_err=stale.max_abs_err,
                                rel_err_norm=stale.rel_err_norm, **extra)

@@ -4,9 +4,14 @@ Reads its job (JSON) from stdin, answers in frames on the result pipe (``protoco
 ends with ``os._exit`` right after the final frame, so no ``atexit`` hook or finaliser of the
 candidate runs after the answer. Modes::
 
-    reference   the problem's Model on every case: outputs, input digests, aten ops, flags
-    candidate   ModelNew on the same cases: outputs (raw bytes), probes around every call
-    profile     candidate and baselines timed alternately in this process (``timing.py``)
+    reference        the problem's Model on every case: outputs, input digests, aten ops, flags;
+                     and its answers for the repeat phase's emitted calls (``repeats.py``)
+    candidate        ModelNew on the same cases: outputs (raw bytes), probes around every call,
+                     then the repeat phase
+    timed_reference  a timing's trusted side: eager and torch.compile, FLOPs and bytes, the
+                     reference's answers for the checked calls (``timed_worker.py``)
+    timed_candidate  a timing's candidate side: ModelNew, checked outputs to the judge
+    compile_cache    torch.compile of the reference alone, its caches kept (``compile_cache.py``)
 
 The parent compares; the worker only reports facts.
 """
@@ -225,8 +230,8 @@ def _reference_case(job: dict[str, Any], case: Any, cache: dict[str, Any]) -> tu
 
 def exact_outputs(model: Any, inputs: list[Any], n: int) -> list[Any] | None:
     """The reference in float64 (a copy of the model and of the floating inputs) for a stress
-    case, and for the strict policy's checked timing (``checked.py``): heavy-tailed or scaled
-    inputs, or sums that cancel, push the fp32 reference itself past the strict
+    case, and for the strict policy's checked timing (the oracle, ``timed_worker.py``):
+    heavy-tailed or scaled inputs, or sums that cancel, push the fp32 reference itself past the strict
     tolerance (KernelBench's FrobeniusNorm: torch.norm's fp32 sum is 1.2e-4 off on a
     heavy-tailed input), so a candidate within tolerance of this one is right too. None when
     the model does not run in float64."""
@@ -281,9 +286,49 @@ def run_reference(job: dict[str, Any]) -> None:
         else:
             send({"kind": "case", "index": raw["index"], "error": error[:1000]})
     phases.mark_cases(len(job["cases"]))
+    if job.get("repeat_seed") is not None:
+        repeat_answers(job, cache)
+        phases.mark("repeats")
     flags = degenerate_check(path)
     phases.mark("degenerate_check")
     finish({"degenerate": flags, "phase_s": phases.seconds})
+
+
+def repeat_answers(job: dict[str, Any], cache: dict[str, Any]) -> None:
+    """The reference's answers for the repeat phase's emitted calls (``repeats.py``), from the
+    same plan the candidate's worker follows: ``repeat_ref`` frames (shapes alone when the judge
+    compares on the device and recomputes them itself)."""
+    from kforge.verifier.inputs import Case, make_inputs
+    from kforge.verifier.probes import encode_tensor
+    from kforge.verifier.repeats import reference_answers, repeat_plan
+
+    raw_cases = [raw for raw in job["cases"] if raw.get("sizes") is None][:2]
+    entry = cache.get(json.dumps(job.get("sizes"), sort_keys=True))
+    if len(raw_cases) < 2 or entry is None:
+        return
+    problem, model = entry
+    draw = bool(job.get("draw_on_device"))
+    plan = repeat_plan(int(job["repeat_seed"]))
+    try:
+        bases = [make_inputs(problem, Case.from_json(raw), job["device"], draw_on_device=draw) for raw in raw_cases]
+        if job.get("device_compare"):  # the judge recomputes each answer: shapes are all the parent needs
+            first = next(reference_answers(model, bases, plan[:1]))[1]
+            metas = [{"shape": list(t.shape), "dtype": str(t.dtype), "device": str(t.device)} for t in first]
+            answers: Any = ((call, None) for call in plan)
+        else:
+            answers = reference_answers(model, bases, plan)
+        for call, tensors in answers:
+            blobs = []
+            if tensors is not None:
+                metas = []
+                for t in tensors:
+                    meta, blob = encode_tensor(t)
+                    metas.append(meta)
+                    blobs.append(blob)
+            send({"kind": "repeat_ref", "rep": call.rep, "case": int(raw_cases[call.case]["index"]),
+                  "outputs": metas}, blobs)
+    except Exception as exc:  # noqa: BLE001 - the reference failed on a repeat's inputs: reported
+        send({"kind": "repeat_ref", "error": f"{type(exc).__name__}: {exc}"[:1000]})
 
 
 def degenerate_check(path: Path) -> list[str]:
@@ -320,11 +365,14 @@ def main() -> None:
     mode = job["mode"]
     if mode == "reference":
         run_reference(job)
-    elif mode in ("candidate", "profile", "compile_cache"):
-        from kforge.verifier.candidate_run import run_candidate, run_compile_cache, run_profile
+    elif mode in ("candidate", "timed_candidate"):
+        from kforge.verifier.candidate_run import run_candidate, run_timed_candidate
 
-        run = {"candidate": run_candidate, "profile": run_profile, "compile_cache": run_compile_cache}[mode]
-        run(job, send, finish, fail)
+        {"candidate": run_candidate, "timed_candidate": run_timed_candidate}[mode](job, send, finish, fail)
+    elif mode in ("timed_reference", "compile_cache"):
+        from kforge.verifier.timed_worker import run_compile_cache, run_timed_reference
+
+        {"timed_reference": run_timed_reference, "compile_cache": run_compile_cache}[mode](job, send, finish, fail)
     else:
         fail("harness_error", f"unknown worker mode {mode!r}")
 

@@ -32,9 +32,10 @@ def candidate(body: str, header: str = "", prelude: str = PRELUDE) -> str:
     return prelude + header + _CLASS.format(body=body)
 
 
-HONEST = candidate("""        y = torch.empty_like(x)
+_HONEST_BODY = """        y = torch.empty_like(x)
         self._run(x, y, x.shape[0])
-        return y""")
+        return y"""
+HONEST = candidate(_HONEST_BODY)
 
 # Correct for its first six calls on an instance, then the last output (one row recomputed).
 STALE_AFTER_N = candidate("""        self.calls = getattr(self, "calls", 0) + 1
@@ -134,3 +135,77 @@ _SLOW = """        if not _STATE:
 FORGED_CLOCK_CANDIDATE_ONLY = candidate(_SLOW, header=_FORGE.format(only=True))
 FORGED_CLOCK_ALL = candidate(_SLOW, header=_FORGE.format(only=False))
 SLOW_HONEST = candidate(_SLOW.replace("        if not _STATE:\n            _install()\n", ""))
+
+# ----------------------------------------------------------------------------------------------
+# The judge issue's classes (issue 30): each launches the real kernel, so every static check and
+# the "a kernel ran" check pass; each reaches past its own process's calls another way.
+
+# At import, a global forward pre-hook slows every module call but its own: with the baselines
+# timed in the candidate's process it shipped at 7.96x (eager and torch.compile each ran it).
+GLOBAL_HOOK = candidate(_HONEST_BODY, header='''
+
+def _slow_others(module, args):
+    if type(module).__name__ != "ModelNew":
+        spin = 0
+        for i in range(200000):
+            spin += i
+
+
+_HOOK = torch.nn.modules.module.register_module_forward_pre_hook(_slow_others)
+''')
+
+# Reaches the verifier through a module path built from strings (past the static checks),
+# replaces its repeat phase with a no-op, and recomputes a quarter of its rows on a repeated input.
+HARNESS_PATCH = candidate("""        if getattr(self, "last_ptr", None) == x.data_ptr():
+            self._run(x, self.last, x.shape[0] // 4)
+            return self.last
+        y = torch.empty_like(x)
+        self._run(x, y, x.shape[0])
+        self.last, self.last_ptr = y, x.data_ptr()
+        return y""", header='''
+
+def _quiet(*args, **kwargs):
+    return None
+
+
+_repeats = getattr(torch, "s" + "ys").modules.get("kforge.verifier." + "repeats")
+if _repeats is not None:
+    _repeats.repeat_phase = _quiet
+''')
+
+
+def reference_cache_reader(cache_dir: str) -> str:
+    """Computes nothing: copies the answer for its input out of the reference cache's files
+    (verified with max error 0 while the sandbox showed the whole host read-only)."""
+    return candidate(f"""        y = torch.empty_like(x)
+        self._run(x, y, 1)
+        raw_x = ctypes.string_at(x.data_ptr(), x.numel() * x.element_size())
+        want = hashlib.sha256(f"{{tuple(x.shape)}}{{x.dtype}}".encode() + raw_x).hexdigest()
+        for path in glob.glob({cache_dir!r} + "/*.json"):
+            for frame in json.load(open(path)):
+                h = frame["header"]
+                if h.get("kind") == "case" and h.get("input_digests", [None])[0] == want and h.get("outputs"):
+                    raw = bytes.fromhex(frame["blobs"][0])
+                    return torch.frombuffer(bytearray(raw), dtype=torch.float32).reshape(h["outputs"][0]["shape"])
+        return y""", header="\nimport ctypes\nimport glob\nimport hashlib\nimport json\n")
+
+
+# A cache keyed on a few sampled input elements: it survives any fixed set of input contents.
+SAMPLED_CACHE = candidate("""        if not hasattr(self, "memo"):
+            self.memo = {}
+        flat = x.reshape(-1)
+        key = (tuple(x.shape), float(flat[0]), float(flat[1]), float(flat[flat.numel() // 2]), float(flat[-1]))
+        if key in self.memo:
+            hit = self.memo[key]
+            self._run(x, hit, 1)
+            return hit
+        y = torch.empty_like(x)
+        self._run(x, y, x.shape[0])
+        self.memo[key] = y
+        return y""")
+
+# numpy does the work beside a trivial kernel of its own (one row).
+NUMPY_BLAS = candidate("""        y = torch.empty_like(x)
+        self._run(x, y, 1)
+        out = np.maximum(x.detach().numpy() + self.bias.detach().numpy(), 0.0)
+        return torch.from_numpy(out.astype(np.float32))""", header="\nimport numpy as np\n")

@@ -71,23 +71,18 @@ CACHE_BY_PTR = candidate("""        if not hasattr(self, "memo"):
         self.memo[key] = softmax(x)
         return self.memo[key]""")
 
-# An honest but slow kernel (20 launches a call) whose module, at import, replaces the timing
-# module's event timer so that the candidate's calls claim a twentieth of their event time.
+# An honest but slow kernel (20 launches a call) whose module, at import, makes CUDA events
+# report a twentieth of their time (a method of a class the harness watches by identity only):
+# its claims shrink, the parent's clock around each window does not.
 _FORGE = '''
-import sys
-
-_timing = sys.modules["kforge.verifier.timing"]
-_real = _timing._time_cuda
+_real_elapsed = torch.cuda.Event.elapsed_time
 
 
-def _forged(fn):
-    ev, host, out = _real(fn)
-    if type(getattr(fn, "func", None)).__name__ == "ModelNew":
-        ev = ev / 20
-    return ev, host, out
+def _forged(self, end):
+    return _real_elapsed(self, end) / 20
 
 
-_timing._time_cuda = _forged
+torch.cuda.Event.elapsed_time = _forged
 '''
 CLOCK_FORGE = candidate("""        y = torch.empty_like(x)
         for _ in range(20):

@@ -75,7 +75,7 @@ def test_a_warmed_compile_is_found_by_the_timing_job(tmp_path: Path) -> None:
     """The real thing on the CPU: warm compiles the reference with inductor, then a profile with
     both baselines plants the caches and its torch.compile finds them."""
     result = warm(SCALE_TANH, platform="cpu", dest=tmp_path / "cache", preset="ci", sizes=None,
-                  build_dir=tmp_path / "build", reps=5, threads=1, tol=1e-4, timeout_s=300)
+                  build_dir=tmp_path / "build", threads=1, timeout_s=300)
     assert result["ok"], result["detail"]
     assert result["files"] > 0 and result["manifest"] == manifest_of(tmp_path / "cache")
     assert not any(name.endswith(".best_config") for name in result["manifest"])
@@ -102,7 +102,7 @@ def test_warm_keeps_nothing_when_the_caches_hold_a_link(tmp_path: Path, monkeypa
     monkeypatch.setattr(compile_cache, "run_job", fake_run_job)
     dest = tmp_path / "cache"
     result = warm(SCALE_TANH, platform="cpu", dest=dest, preset="ci", sizes=None, build_dir=tmp_path / "build",
-                  reps=5, threads=1, tol=1e-4)
+                  threads=1)
     assert not result["ok"] and "not a plain file" in result["detail"]
     assert not dest.exists() and list(tmp_path.glob("cache.tmp-*")) == []
     assert seed_from_record(result) is None

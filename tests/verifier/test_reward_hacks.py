@@ -65,20 +65,23 @@ def test_5_mutating_and_aliasing_inputs() -> None:
 def test_5_changing_how_inputs_are_made_is_named_apart_from_writing_them() -> None:
     # At import the candidate makes float64 the default: the inputs it is called on are no
     # longer the reference's, before it runs at all.
+    # That is global state (the baselines' process would see it too): named as such first.
     v = verify(honest_with("        return y", header="torch.set_default_dtype(torch.float64)"), static=False)
-    assert v.reason == "mutates_input" and "before the call" in v.detail, v
+    assert v.reason == "global_state_tampering" and "default_dtype" in v.detail, v
     written = verify(honest_with("        x.add_(1.0)\n        return y"))
     assert written.reason == "mutates_input" and "during the call" in written.detail, written
 
 
-def test_5_a_stale_reference_digest_is_rerun_not_blamed_on_the_candidate() -> None:
+def test_5_a_stale_reference_digest_is_rerun_not_blamed_on_the_candidate(tmp_path: Path) -> None:
     # A cached reference whose input digest for one case no longer matches (a stale cache:
     # seen once in CI, for a candidate that does not touch its inputs) is the harness's fault:
     # the verifier runs the reference again, uncached, and the honest candidate passes; the
     # first run's complaint, naming the input, stays in the detail.
     from kforge.verifier.verify import reference_cache_dir
 
-    assert verify(HONEST).ok
+    problem = tmp_path / "scale_tanh_own.py"  # a problem of its own: its cache entry is the newest
+    problem.write_text(SCALE_TANH.read_text() + "\n# stale-digest test\n")
+    assert verify(HONEST, problem).ok
     entries = sorted(reference_cache_dir().glob("*.json"), key=lambda f: f.stat().st_mtime)
     assert entries
     frames = json.loads(entries[-1].read_text())
@@ -86,7 +89,7 @@ def test_5_a_stale_reference_digest_is_rerun_not_blamed_on_the_candidate() -> No
     stressed["header"]["digest"] = "0" * 64
     stressed["header"]["input_digests"] = ["0" * 16]
     entries[-1].write_text(json.dumps(frames))
-    v = verify(HONEST)
+    v = verify(HONEST, problem)
     assert v.ok, v
     assert "not reproduced with an uncached reference" in v.detail and "input(s) 0" in v.detail, v.detail
     # the cache now holds the fresh frames again
