@@ -1,11 +1,12 @@
 def profile_threads(wildcards):
-    """A GPU profile takes a quarter of the cores (its timing is guarded by the device's lease;
-    at most four at once, each holding its reference, torch.compile's baseline and a CUDA
-    context in GPU memory while it waits); a CPU profile that times the baselines owns the
-    machine (see the profile rule)."""
+    """A timing job's share of the cores. Its timed window holds the host's lease (and a GPU's)
+    exclusively (kforge/verifier/device_lease.py), so no other job runs beside it then, and it
+    need not own the cores for its whole life: a GPU profile takes a quarter (at most four at
+    once, each holding its reference, torch.compile's baseline and a CUDA context in GPU memory
+    while it waits), a CPU profile one."""
     if wildcards.platform in ("triton", "cuda"):
         return max(1, workflow.cores // 4)
-    return workflow.cores if PLAN.profile_baselines else 1
+    return 1
 
 
 rule peaks:
@@ -45,10 +46,9 @@ rule profile:
     """Time and profile a verified candidate: evidence for the analysis agent (the report's
     numbers come from `select`), except in a run without optimization rounds: there it times
     eager and torch.compile too and select reports its numbers (kforge/stages/profile.py).
-    On a GPU the timing holds the device's lease (kforge/verifier/device_lease.py): other GPU
-    jobs share the device while a profile starts and prepares, never while it times, so a few
-    profiles run at once. On the CPU, where the timing needs the cores too, a profile with
-    baselines owns the machine."""
+    Its timed window holds the host's lease and the device's exclusively
+    (kforge/verifier/device_lease.py): other jobs share the machine while a profile starts and
+    prepares, never while it times, so a few profiles run at once."""
     input:
         kernel=f"{RUN}/r{{r}}/kernel.py",
         verified=f"{RUN}/r{{r}}/verify.json",

@@ -15,11 +15,11 @@ rule select:
         code=PLAN.code["select"],
         settings=PLAN.settings_digest("profile", "policy"),
         dirs=lambda w: " ".join(PLAN.round_dirs(w.agent, w.platform, w.suite, w.problem)),
-    # The report's timings must not share the device. On the CPU a select owns the machine; on a
-    # GPU it takes a profile's share of the cores, since its re-timing holds the device's lease
-    # exclusively (kforge/verifier/device_lease.py), and most selects only read their round's
-    # profile (~1 s): with every core each waited for the whole run to drain before it started.
-    threads: lambda w: profile_threads(w) if w.platform in ("triton", "cuda") else workflow.cores
+    # The report's timings share nothing: the re-timing's window holds the host's lease and the
+    # device's exclusively (kforge/verifier/device_lease.py), so a select takes a profile's share
+    # of the cores; most selects only read their round's profile (~1 s), and with every core each
+    # waited for the whole run to drain before it started.
+    threads: profile_threads
     log:
         f"{RUN}/select.log",
     shell:

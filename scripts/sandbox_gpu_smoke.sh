@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU smoke test of the read-only unshare sandbox (the GPU host has no bwrap), as root:
+# GPU smoke test of the unshare sandbox's view (the GPU host has no bwrap), as root:
 #   PYTHONPATH=<site with pydantic>:$PWD scripts/sandbox_gpu_smoke.sh OUT_DIR
 # CUDA and Triton must work inside it and writes outside the scratch must fail (EROFS); exit 0
 # only if all of that holds. Its first run (2026-12-06, H200) failed: CUDA error 304 under a read-only /proc;
@@ -45,8 +45,9 @@ r = run_sandboxed([sys.executable, str(scratch / "probe.py")], env=env, scratch=
                   limits=Limits(timeout_s=120))
 print("mode", r.mode, "rc", r.returncode, "seconds", round(r.seconds, 1))
 print(r.stdout[-2000:]); print(r.stderr[-3000:])
+# the view (sandbox_view.py): a file outside it does not exist there; /etc is read-only
 ok = ("cuda ok" in r.stdout and "ipc ok" in r.stdout and "triton ok 256.0" in r.stdout
-      and "outside EROFS etc EROFS scratch wrote" in r.stdout)
+      and "outside ENOENT etc EROFS scratch wrote" in r.stdout)
 print("SMOKE", "PASS" if ok else "FAIL")
 sys.exit(0 if ok else 1)
 PY
@@ -65,7 +66,7 @@ from kforge.verifier.compile_cache import seed_from_record, warm
 from kforge.verifier.profiling import profile_candidate
 work = Path(tempfile.mkdtemp(prefix="kforge-smoke-"))
 got = warm(SCALE_TANH, platform="triton", dest=work / "cache", preset="ci", sizes=None, build_dir=work / "build",
-           reps=5, threads=1, tol=1e-4, timeout_s=240)
+           threads=1, timeout_s=240)
 print("warm", got["ok"], got.get("files"), got.get("detail", "")[:500])
 prof = profile_candidate(HONEST, SCALE_TANH, platform="triton", baselines=True, reps=5, build_dir=work / "build",
                          policy="strict", compile_cache=seed_from_record(got))

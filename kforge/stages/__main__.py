@@ -26,8 +26,22 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+# Stages that only read records: every other one holds a share of the host's lease for its whole
+# life (kforge/verifier/device_lease.py), so no timing on this host runs beside its work.
+READS_ONLY = frozenset({"tables", "report", "example"})
+
+
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
+    if a.stage in READS_ONLY:
+        return run_stage(a)
+    from kforge.verifier.device_lease import held
+
+    with held(gpu=False):
+        return run_stage(a)
+
+
+def run_stage(a: argparse.Namespace) -> int:
     ctx = StageContext.from_file(a.config)
     if a.stage == "problem":
         from kforge.stages.problem import run_problem

@@ -47,6 +47,10 @@ from kforge.verifier.handshake import (
 
 RUNS = 2  # consecutive calls on one buffer set (a repeated pointer, new contents)
 CHECKS = 6  # timed candidate calls the judge sees
+# CPU: before a window of another worker than the last one, the last one's OpenMP threads get this
+# long to stop spinning (libgomp spins a while after a parallel region before it sleeps): on the
+# 2-core dev host they stole the next worker's cores and a 3 ms GEMM timed 3.3-7.1 ms (CV 35-45%)
+SETTLE_S = 0.002
 
 
 @dataclass
@@ -125,6 +129,7 @@ class Conductor:
 
     _current: str = ""
     _busy_from: int | None = None
+    _last_link: WorkerLink | None = None
 
     def _workers(self) -> dict[str, WorkerLink]:
         """Every worker once, under the name of its first callable."""
@@ -204,6 +209,9 @@ class Conductor:
         if NAMES[index] != name or got_rep != (rep & 0xFFFFFFFF) or value != k:
             raise LinkError(f"{name}: a TICK for {NAMES[index] if index < len(NAMES) else index} rep {got_rep} "
                             f"k {value}, where rep {rep} k {k} was due")
+        if self._last_link is not link and self.device != "cuda":
+            time.sleep(SETTLE_S)  # the last worker's threads finish spinning before this one's window
+        self._last_link = link
         t0 = time.perf_counter_ns()
         link.go(k)
         _, _, claimed, host = link.expect(DONE, self.deadline, f"{name}'s DONE")

@@ -93,6 +93,12 @@ def worker_env(extra: dict[str, str], scratch: Path, threads: int | None) -> dic
             env[key] = os.environ[key]
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
+    # libgomp's threads spin up to GOMP_SPINCOUNT times (300,000 by default: milliseconds on the dev
+    # host) after a parallel region before they sleep. A timing alternates between processes, and
+    # the last one's spinning threads took the cores of the next one's window: a 3 ms GEMM timed
+    # 3.3-7.1 ms at 2 threads; with 10,000 (about a quarter of a millisecond) 3.0-3.6 ms. Every
+    # worker gets the same value, the candidate's kernels and PyTorch's alike.
+    env["GOMP_SPINCOUNT"] = os.environ.get("GOMP_SPINCOUNT", "10000")
     if (os.cpu_count() or 1) <= 4:  # inductor's compile-worker pool costs ~6 s a start on 2 cores
         env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     env.update(extra)

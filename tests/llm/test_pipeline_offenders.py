@@ -1,8 +1,9 @@
-"""Issue 15 through the whole pipeline: an LLM agent (a local OpenAI-compatible server) answers
-with a candidate that launches a real C++ kernel and cheats only where nobody looked before
-(stale after a few calls, a cache keyed on the input, a partial recompute, a write after
-return, a forged clock), and the run must reject each with its reason code; an honest control
-must verify and be timed.
+"""Issues 15 and 30 through the whole pipeline: an LLM agent (a local OpenAI-compatible server)
+answers with a candidate that launches a real C++ kernel and cheats only where nobody looked
+before (stale after a few calls, a cache keyed on the input, a partial recompute, a write after
+return, a forged clock; a global hook, a patched verifier, the reference cache read from disk,
+a cache keyed on sampled elements, numpy doing the work), and the run must reject each with its
+reason code; an honest control must verify and be timed.
 
 One problem (refs/cpu's bias + ReLU), one round, one agent per candidate (the server answers
 by model name), select timing eager alone (the baselines are tests/test_pipeline.py's)."""
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from kforge.verifier.verify import reference_cache_dir
 from tests.pipeline_helpers import REPO, snakemake, write_config
 from tests.verifier import cpu_offenders as off
 
@@ -28,10 +30,18 @@ CANDIDATES = {
     "partial": off.PARTIAL_ON_REPEAT,  # recomputes half the rows on a repeated input
     "late": off.WRITES_AFTER_RETURN,  # a C++ thread writes the output after forward returned
     "forge": off.FORGED_CLOCK_CANDIDATE_ONLY,  # replaces the timing clock from inside the worker
+    # issue 30's classes
+    "hook": off.GLOBAL_HOOK,  # a global forward pre-hook that slows every other module
+    "patch": off.HARNESS_PATCH,  # replaces the verifier's repeat phase, reached by a string path
+    "reader": off.reference_cache_reader(str(reference_cache_dir())),  # copies cached reference answers
+    "sampled": off.SAMPLED_CACHE,  # outputs cached by a few sampled input elements
+    "numpy": off.NUMPY_BLAS,  # numpy does the work beside a trivial kernel
 }
 # a thread that writes after return may also take the worker down with it (seen in CI: exit 139)
 EXPECTED = {"stale": ("stale_output",), "cache": ("stale_output",), "partial": ("stale_output",),
-            "late": ("async_work_left", "crashed"), "forge": ("harness_tampering",)}
+            "late": ("async_work_left", "crashed"), "forge": ("harness_tampering",),
+            "hook": ("global_state_tampering",), "patch": ("harness_tampering",), "reader": ("output_mismatch",),
+            "sampled": ("stale_output",), "numpy": ("foreign_compute",)}
 ANALYSIS = {"bottleneck": "memory", "evidence": {}, "actions": [], "summary": "streaming kernel"}
 
 
