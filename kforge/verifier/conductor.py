@@ -94,6 +94,9 @@ class Conductor:
     result: Result = field(default_factory=Result)
     _next_tag: int = 0
     _cursor: dict[str, int] = field(default_factory=dict)
+    _current: str = ""  # the callable (or worker) the schedule is at: who to blame if the wire breaks
+    _busy_from: int | None = None  # since when the candidate's process has had a command to answer
+    _last_link: WorkerLink | None = None  # the worker of the last window
 
     def run(self) -> Result:
         """The whole schedule; a broken wire ends it (``result.error``), never raises."""
@@ -127,10 +130,6 @@ class Conductor:
             self.result.error_link = self._current
         return self.result
 
-    _current: str = ""
-    _busy_from: int | None = None
-    _last_link: WorkerLink | None = None
-
     def _workers(self) -> dict[str, WorkerLink]:
         """Every worker once, under the name of its first callable."""
         out: dict[str, WorkerLink] = {}
@@ -151,7 +150,7 @@ class Conductor:
         reuse: set[str] = set()
         for name in names:
             self._current = name
-            self._send(self.links[name], {"op": "warm", "name": name, "n": max(1, self.warmup),
+            self._send(self.links[name], {"op": "warm", "name": name,
                                           "contents": [self._content().to_json() for _ in range(max(1, self.warmup))]})
             _, _, flags, _ = self._answer(self.links[name], ACK)
             if flags & 1:

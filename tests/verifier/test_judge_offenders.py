@@ -73,3 +73,16 @@ def test_the_honest_control_is_verified_and_timed_against_its_baselines(build_di
     assert prof.candidate is not None and prof.eager is not None
     assert len(prof.candidate.samples) == len(prof.eager.samples) == 10  # paired, rep by rep
     assert prof.extra["checked"].startswith("checked: ") and prof.extra["cpu_ms"]["used"] > 0
+
+
+def test_kforge_bench_rejects_a_class_with_its_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from kforge.verifier.cli import bench_main
+
+    cand = tmp_path / "cand.py"
+    cand.write_text(off.GLOBAL_HOOK)
+    code = bench_main([str(cand), "--problem", str(off.PROBLEM), "--build-dir", str(tmp_path / "build"), "--json",
+                       "--eager-only", "--reps", "10", "--threads", "1"])
+    got = json.loads(capsys.readouterr().out)
+    assert code == 1 and got["reason"] == "global_state_tampering", got
