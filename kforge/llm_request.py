@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kforge.config import AgentConfig
+from kforge.llm_litellm import import_litellm
 
 DEFAULT_MAX_TOKENS = 8192
 REASONING_MAX_TOKENS = 32768  # a reasoning model's hidden tokens count against max_tokens
@@ -65,8 +66,6 @@ def _ask(fn: Any, model: str, provider: str | None) -> bool:
 @functools.lru_cache(maxsize=256)
 def model_caps(model: str) -> ModelCaps:
     """litellm's view of ``model`` (``provider/name``); imports litellm on first use."""
-    from kforge.llm_transport import import_litellm
-
     litellm = import_litellm()
     try:
         name, provider, _, _ = litellm.get_llm_provider(model)
@@ -181,8 +180,6 @@ def build_params(
 def check_params(params: dict[str, Any], caps: ModelCaps, notes: list[str]) -> dict[str, Any]:
     """Run litellm's own parameter check (``get_optional_params``, what ``completion`` runs
     before sending) and leave out each parameter it still refuses, one at a time."""
-    from kforge.llm_transport import import_litellm
-
     litellm = import_litellm()
     params = dict(params)
     for _ in range(len(OPTIONAL) + 1):

@@ -7,7 +7,7 @@
         400 naming an optional parameter ("Unsupported parameter: 'seed'"): retry without it
         400/401/403/404, context window: typed error at once (kforge.llm_errors)
 
-litellm costs ~4-8 s and 200 MB to import: it is imported only inside a call.
+litellm costs ~4-8 s and 200 MB to import: it is imported only inside a call (:mod:`kforge.llm_litellm`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ from kforge.llm_errors import (
     LLMTimeoutError,
     LLMUnavailableError,
 )
+
+# re-exported: callers (kforge.llm, tests) import them from here
+from kforge.llm_litellm import import_litellm as import_litellm
+from kforge.llm_litellm import litellm_version as litellm_version
 from kforge.llm_request import OPTIONAL, ModelCaps, build_params, refused_param
 
 BACKOFF_BASE_S = 1.0  # first retry waits about this long, doubling each time
@@ -49,22 +53,6 @@ LOCAL_DUMMY_KEY = "sk-kforge-local"  # OpenAI clients insist on a key; local ser
 # Parameters a server refused with a 400, per (model, api_base), remembered for the process.
 _refused: dict[tuple[str, str | None], set[str]] = {}
 _refused_lock = threading.Lock()
-
-
-def import_litellm() -> Any:
-    """litellm, imported on first use with the offline price table (never at module top)."""
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm
-
-    litellm.suppress_debug_info = True
-    litellm.telemetry = False
-    return litellm
-
-
-def litellm_version() -> str:
-    from importlib.metadata import version
-
-    return version("litellm")
 
 
 def where(config: AgentConfig) -> str:

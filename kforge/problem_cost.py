@@ -178,7 +178,7 @@ class _Probe:
 
 def _probe(module: types.ModuleType, values: dict[str, int], forward: bool) -> _Probe | None:
     """Build the model and inputs on ``meta`` with ``values``; None when that fails."""
-    from kforge.problems import get_size, set_size
+    from kforge.problem_sizes import get_size, set_size
 
     saved = {key: get_size(module, key) for key in values}
     try:

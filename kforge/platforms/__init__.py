@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-from kforge.platforms.base import Platform
+if TYPE_CHECKING:  # a type only: base imports this registry (load_example)
+    from kforge.platforms.base import Platform
 
 KNOWN_PLATFORMS = ("cpu", "triton", "cuda", "metal")
 
