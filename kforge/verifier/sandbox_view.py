@@ -30,6 +30,7 @@ import functools
 import importlib.metadata
 import json
 import os
+import shutil
 import site
 import sys
 from collections.abc import Iterable
@@ -201,13 +202,23 @@ def build_view(*, scratch: Path, ro_paths: Iterable[Path] = (), gpu: bool = Fals
     return view
 
 
+TOOLS = ("cc", "gcc", "g++", "c++", "ld", "as", "nvcc", "ptxas", "ninja")  # what Triton, inductor and builds run
+
+
 def _loader_dirs() -> list[Path]:
-    """``LD_LIBRARY_PATH`` and the CUDA root, where they lie outside the system folders."""
+    """``LD_LIBRARY_PATH``, the CUDA root and the toolchain's prefixes, where they lie outside
+    the system folders (a GPU host's gcc under /opt/gcc: Triton builds its launcher with it)."""
     found = [Path(p) for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
     for key in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(key):
             found.append(Path(os.environ[key]))
-    return [p for p in found if p.is_absolute() and p.is_dir() and not str(p).startswith(SYSTEM)]
+    for tool in (*TOOLS, *(os.environ[k].split()[0] for k in ("CC", "CXX") if os.environ.get(k))):
+        where = shutil.which(tool)
+        if where:
+            for exe in {Path(where), Path(where).resolve()}:
+                found.append(exe.parent.parent if exe.parent.name == "bin" else exe.parent)
+    return [p for p in dict.fromkeys(found)
+            if p.is_absolute() and p.is_dir() and p != Path("/") and not str(p).startswith(SYSTEM)]
 
 
 def interpreter_paths() -> list[Path]:

@@ -13,7 +13,8 @@ import json
 from typing import Any
 
 from kforge.agents.expert.analysis import recommend
-from kforge.agents.expert.graph import KernelGraph, UnsupportedError, trace_problem
+from kforge.agents.expert.errors import PlanError, UnsupportedError
+from kforge.agents.expert.graph import KernelGraph, trace_problem
 from kforge.agents.prompting import render_analysis_messages, render_generation_messages
 from kforge.config import AgentConfig
 from kforge.schema import (
@@ -81,14 +82,14 @@ class ExpertAgent:
 
     def _compile(self, request: GenerationRequest, messages: list[dict[str, str]]) -> GenerationResult:
         """The fusion compiler's path (:mod:`.compiler`): triton and cpu."""
-        from kforge.agents.expert.compiler import failed_precisions, plan_record, round_knobs
-        from kforge.agents.expert.planner import plan_problem
+        from kforge.agents.expert.plan.planner import plan_problem
+        from kforge.agents.expert.plan.rounds import failed_precisions, plan_record, round_knobs
 
         try:
             program = plan_problem(request.problem_source)
             if request.platform == "triton":
-                from kforge.agents.expert.triton_matmul import PlanError, check_knobs
-                from kforge.agents.expert.triton_render import default_knobs, render_triton
+                from kforge.agents.expert.codegen.triton.gemm import check_knobs
+                from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
 
                 defaults = default_knobs(program, request.policy)
                 knobs, notes = round_knobs(program, defaults, request)
@@ -98,7 +99,7 @@ class ExpertAgent:
                     knobs, notes = defaults, [*notes, f"rejected ({err}): back to the defaults"]
                 source = render_triton(program, knobs, request.policy, request.problem_source)
             else:
-                from kforge.agents.expert.cpu_render import DEFAULT_KNOBS, render_cpu
+                from kforge.agents.expert.codegen.cpu.render import DEFAULT_KNOBS, render_cpu
 
                 cpu_defaults = {"program": dict(DEFAULT_KNOBS)}  # one set of knobs for every kernel
                 knobs, notes = round_knobs(program, cpu_defaults, request)

@@ -36,8 +36,9 @@ from typing import Any
 from kforge.agents.expert.cuda_gemm import SMEM_LIMIT, gemm_parts, smem_bytes, threads
 from kforge.agents.expert.cuda_kernels import CudaParts, elementwise_parts, row_reduction_parts
 from kforge.agents.expert.cuda_pointwise import CUDA_PRELUDE
-from kforge.agents.expert.graph import KernelGraph, UnsupportedError
-from kforge.agents.expert.triton_codegen import PlanError, module_helpers
+from kforge.agents.expert.errors import PlanError, UnsupportedError
+from kforge.agents.expert.graph import KernelGraph
+from kforge.agents.expert.triton_codegen import module_helpers
 
 PRECISIONS = {"strict": ("fp32",), "relaxed": ("fp32", "tf32")}
 POW2_KEYS = (
@@ -265,7 +266,7 @@ def generate_cuda(
     knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items())
     imports = ["import torch", "import torch.nn as nn"]
     if problem_source is not None:
-        from kforge.agents.expert.candidate import reference_init
+        from kforge.agents.expert.codegen.candidate import reference_init
 
         extra, init = reference_init(problem_source)
         imports = list(dict.fromkeys([*imports, *extra]))

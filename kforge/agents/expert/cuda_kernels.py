@@ -44,7 +44,7 @@ def elementwise_parts(ir: KernelGraph, knobs: dict[str, Any], cvars: dict[str, s
     assert isinstance(pattern, ElementwisePattern)
     chain, sig = chain_function(pattern.ops, pattern.result)
     if not sig.tensors:
-        from kforge.agents.expert.graph import UnsupportedError
+        from kforge.agents.expert.errors import UnsupportedError
 
         raise UnsupportedError("an elementwise chain that reads no tensor")
     bs, vw = knobs["block_size"], knobs["vector_width"]

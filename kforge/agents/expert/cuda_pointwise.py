@@ -23,7 +23,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from kforge.agents.expert.graph import Operand, PointwiseOp, UnsupportedError
+from kforge.agents.expert.errors import UnsupportedError
+from kforge.agents.expert.graph import Operand, PointwiseOp
 
 CUDA_PRELUDE = r"""
 #include <cuda_runtime.h>

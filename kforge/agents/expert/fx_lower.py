@@ -408,7 +408,7 @@ def lower_module(model: nn.Module, example_inputs: list[Any]) -> KernelGraph:
 
 def load_problem_namespace(source: str) -> dict[str, Any]:
     """Execute a problem's source in a fresh namespace (:func:`.capture.load_namespace`)."""
-    from kforge.agents.expert.capture import load_namespace
+    from kforge.agents.expert.capture.trace import load_namespace
 
     return load_namespace(source)
 

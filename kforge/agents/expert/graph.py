@@ -55,6 +55,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kforge.agents.expert.errors import UnsupportedError
+
 Broadcast = Literal["full", "per_col", "per_row", "scalar"]
 
 UNARY_OPS = (
@@ -64,14 +66,6 @@ UNARY_OPS = (
 BINARY_OPS = ("add", "sub", "mul", "div", "maximum", "minimum")
 POINTWISE_OPS = UNARY_OPS + BINARY_OPS
 REDUCTION_OPS = ("softmax", "log_softmax", "sum", "mean", "amax", "max", "layernorm", "rmsnorm")
-
-
-class UnsupportedError(ValueError):
-    """The problem is outside what the expert can express; ``str(err)`` starts with
-    ``"unsupported: "`` and names the offending construct."""
-
-    def __init__(self, what: str) -> None:
-        super().__init__(what if what.startswith("unsupported: ") else f"unsupported: {what}")
 
 
 class IRModel(BaseModel):

@@ -32,17 +32,17 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from kforge.agents.expert.graph import KernelGraph, UnsupportedError
-from kforge.agents.expert.triton_gemm import gemm_source
-from kforge.agents.expert.triton_kernels import elementwise_source, row_reduction_source
-from kforge.agents.expert.triton_matmul import (  # one precision table for both generators
+from kforge.agents.expert.codegen.triton.gemm import (  # one precision table for both generators
     RELAXED_PRECISIONS,
     SMEM_LIMIT,
     STRICT_PRECISIONS,
-    PlanError,
     allowed_precisions,
 )
-from kforge.agents.expert.triton_matmul import fit_shared_memory as fit_gemm_smem
+from kforge.agents.expert.codegen.triton.gemm import fit_shared_memory as fit_gemm_smem
+from kforge.agents.expert.errors import PlanError, UnsupportedError
+from kforge.agents.expert.graph import KernelGraph
+from kforge.agents.expert.triton_gemm import gemm_source
+from kforge.agents.expert.triton_kernels import elementwise_source, row_reduction_source
 
 __all__ = ["RELAXED_PRECISIONS", "SMEM_LIMIT", "STRICT_PRECISIONS", "PlanError", "allowed_precisions"]
 
@@ -185,7 +185,7 @@ def _model_new(ir: KernelGraph, launcher: str, problem_source: str | None) -> tu
     tensors = [t.name for t in ir.inputs]
     imports: list[str] = []
     if problem_source is not None:
-        from kforge.agents.expert.candidate import reference_init
+        from kforge.agents.expert.codegen.candidate import reference_init
 
         imports, init = reference_init(problem_source)
         init_lines = textwrap.indent(init.rstrip(), "    ").split("\n")

@@ -21,7 +21,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from kforge.agents.expert.graph import Operand, PointwiseOp, UnsupportedError
+from kforge.agents.expert.errors import UnsupportedError
+from kforge.agents.expert.graph import Operand, PointwiseOp
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 INV_SQRT_2 = 1.0 / math.sqrt(2.0)

@@ -8,8 +8,8 @@ from typing import Any
 import sympy
 import torch
 
-from kforge.agents.expert.graph import UnsupportedError
-from kforge.agents.expert.ir import Node, Scalar, _Builder, _norm_dims, dtype_of, static_int
+from kforge.agents.expert.errors import UnsupportedError
+from kforge.agents.expert.ir.graph import Node, Scalar, _Builder, _norm_dims, dtype_of, static_int
 
 Handler = Callable[[_Builder, torch.fx.Node], Any]
 HANDLERS: dict[str, Handler] = {}
@@ -415,4 +415,4 @@ def _pool(b: _Builder, fx: torch.fx.Node) -> Any:
                  divisor=divisor)
 
 
-from kforge.agents.expert import ir_inplace  # noqa: E402,F401  (registers the in-place handlers)
+from kforge.agents.expert.ir import inplace  # noqa: E402,F401  (registers the in-place handlers)

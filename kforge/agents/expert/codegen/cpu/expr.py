@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kforge.agents.expert.graph import UnsupportedError
-from kforge.agents.expert.lower import E
+from kforge.agents.expert.errors import UnsupportedError
+from kforge.agents.expert.plan.lower import E
 
 CTYPES = {"f32": "float", "i64": "int64_t", "i32": "int32_t", "bool": "bool"}
 

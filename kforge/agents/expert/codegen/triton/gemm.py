@@ -49,9 +49,10 @@ from typing import Any
 
 import sympy
 
-from kforge.agents.expert.candidate import py_expr
-from kforge.agents.expert.kernels import GemmKernel, Program
-from kforge.agents.expert.triton_expr import TritonEmitter
+from kforge.agents.expert.codegen.candidate import py_expr
+from kforge.agents.expert.codegen.triton.expr import TritonEmitter
+from kforge.agents.expert.errors import PlanError
+from kforge.agents.expert.plan.kernels import GemmKernel, Program
 
 STRICT_PRECISIONS = ("bf16x3", "fp16x3", "tf32x3", "ieee")
 RELAXED_PRECISIONS = ("bf16", "fp16", "bf16x2", "fp16x2", "tf32", "bf16x3", "fp16x3", "tf32x3", "ieee")
@@ -77,10 +78,6 @@ def scaled_lo(precision: str) -> bool:
     """Does the step split an operand into fp16 parts (lo stored times ``FP16_LO_SCALE``, its
     products summed in a second accumulator)?"""
     return precision.startswith("fp16") and any(SPLITS.get(precision, (False, False)))
-
-
-class PlanError(ValueError):
-    """Knobs the kernel or the precision policy does not allow."""
 
 
 def allowed_precisions(policy: str) -> tuple[str, ...]:
@@ -308,7 +305,7 @@ def uses_precast(knobs: dict[str, dict[str, Any]]) -> bool:
 
 
 def gemm_kernel(k: GemmKernel, knobs: dict[str, Any], policy: str) -> tuple[str, list[str]]:
-    from kforge.agents.expert.triton_render import Args, _resolver
+    from kforge.agents.expert.codegen.triton.render import Args, _resolver
 
     precision = knobs["precision"]
     precast = bool(knobs.get("precast"))

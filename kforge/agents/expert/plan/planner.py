@@ -25,9 +25,9 @@ from typing import Any
 
 import sympy
 
-from kforge.agents.expert.graph import UnsupportedError
-from kforge.agents.expert.ir import POINTWISE, Graph, Node, numel
-from kforge.agents.expert.kernels import (
+from kforge.agents.expert.errors import NotFusable, UnsupportedError
+from kforge.agents.expert.ir.graph import POINTWISE, Graph, Node, numel
+from kforge.agents.expert.plan.kernels import (
     Buffer,
     GemmKernel,
     Kernel,
@@ -39,11 +39,10 @@ from kforge.agents.expert.kernels import (
     ScanKernel,
     Store,
 )
-from kforge.agents.expert.lower import (
+from kforge.agents.expert.plan.lower import (
     ZERO,
     E,
     Lowerer,
-    NotFusable,
     const,
     iadd,
     imul,
@@ -461,7 +460,7 @@ def plan_graph(graph: Graph) -> Program:
 
 def plan_problem(problem_source: str) -> Program:
     """Capture, build the IR and plan: a problem's source -> its kernel program."""
-    from kforge.agents.expert.capture import capture_problem
-    from kforge.agents.expert.ir import build_graph
+    from kforge.agents.expert.capture.trace import capture_problem
+    from kforge.agents.expert.ir.graph import build_graph
 
     return plan_graph(build_graph(capture_problem(problem_source)))

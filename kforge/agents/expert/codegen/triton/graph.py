@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kforge.agents.expert.kernels import Program
+from kforge.agents.expert.plan.kernels import Program
 
 GRAPH_HELPER = '''_KF_GRAPHS_MAX = 8  # buffer sets kept per module (each holds its own temporaries)
 

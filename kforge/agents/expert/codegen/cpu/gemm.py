@@ -17,9 +17,9 @@ import textwrap
 
 import sympy
 
-from kforge.agents.expert.cpu_expr import CTYPES, Block, Emitter, Scope
-from kforge.agents.expert.kernels import GemmKernel, Program
-from kforge.agents.expert.lower import E, linear, var
+from kforge.agents.expert.codegen.cpu.expr import CTYPES, Block, Emitter, Scope
+from kforge.agents.expert.plan.kernels import GemmKernel, Program
+from kforge.agents.expert.plan.lower import E, linear, var
 
 MICRO = r"""
 template <int MR, int NR>

@@ -24,11 +24,16 @@ from typing import Any
 
 import sympy
 
-from kforge.agents.expert.candidate import STATE_HELPER, model_new_source, py_expr, shape_guard
-from kforge.agents.expert.cpu_expr import CTYPES, PRELUDE, Block, Emitter, Scope
-from kforge.agents.expert.cpu_render_gemm import gemm_body, gemm_prelude
-from kforge.agents.expert.graph import UnsupportedError
-from kforge.agents.expert.kernels import (
+from kforge.agents.expert.codegen.candidate import (
+    STATE_HELPER,
+    model_new_source,
+    py_expr,
+    shape_guard,
+)
+from kforge.agents.expert.codegen.cpu.expr import CTYPES, PRELUDE, Block, Emitter, Scope
+from kforge.agents.expert.codegen.cpu.gemm import gemm_body, gemm_prelude
+from kforge.agents.expert.errors import UnsupportedError
+from kforge.agents.expert.plan.kernels import (
     GemmKernel,
     Kernel,
     PointwiseKernel,
@@ -38,7 +43,7 @@ from kforge.agents.expert.kernels import (
     ScanKernel,
     Store,
 )
-from kforge.agents.expert.lower import E, linear, var
+from kforge.agents.expert.plan.lower import E, linear, var
 
 DEFAULT_KNOBS: dict[str, Any] = {"fast": True, "chunk": 4096, "col_block": 64, "par_min": 16384,
                                  "mr": 6, "nr": 16, "kc": 256, "mc": 96, "nc": 1024}

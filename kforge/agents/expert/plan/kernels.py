@@ -22,7 +22,7 @@ from typing import Any
 
 import sympy
 
-from kforge.agents.expert.lower import E
+from kforge.agents.expert.plan.lower import E
 
 
 @dataclass

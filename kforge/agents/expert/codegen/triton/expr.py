@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kforge.agents.expert.graph import UnsupportedError
-from kforge.agents.expert.lower import E
+from kforge.agents.expert.errors import UnsupportedError
+from kforge.agents.expert.plan.lower import E
 
 INV_SQRT_2 = 0.7071067811865476
 SQRT_2_OVER_PI = 0.7978845608028654

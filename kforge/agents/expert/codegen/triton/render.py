@@ -21,8 +21,15 @@ from typing import Any
 
 import sympy
 
-from kforge.agents.expert.candidate import STATE_HELPER, model_new_source, py_expr, shape_guard
-from kforge.agents.expert.kernels import (
+from kforge.agents.expert.codegen.candidate import (
+    STATE_HELPER,
+    model_new_source,
+    py_expr,
+    shape_guard,
+)
+from kforge.agents.expert.codegen.triton.expr import TL_DTYPES, TritonEmitter, literal
+from kforge.agents.expert.codegen.triton.graph import GRAPH_HELPER, graphable, graphed_class
+from kforge.agents.expert.plan.kernels import (
     GemmKernel,
     Kernel,
     PointwiseKernel,
@@ -30,9 +37,7 @@ from kforge.agents.expert.kernels import (
     RowKernel,
     ScanKernel,
 )
-from kforge.agents.expert.lower import E, strides
-from kforge.agents.expert.triton_expr import TL_DTYPES, TritonEmitter, literal
-from kforge.agents.expert.triton_graph import GRAPH_HELPER, graphable, graphed_class
+from kforge.agents.expert.plan.lower import E, strides
 
 IDENT = {"sum": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf"), "any": 0, "all": 1,
          "argmax": float("-inf"), "argmin": float("inf")}
@@ -258,7 +263,7 @@ def scan_kernel(k: ScanKernel, knobs: dict[str, Any]) -> tuple[str, list[str]]:
 # --------------------------------------------------------------------------- knobs and module
 
 def default_knobs(program: Program, policy: str) -> dict[str, dict[str, Any]]:
-    from kforge.agents.expert.triton_matmul import default_gemm_knobs
+    from kforge.agents.expert.codegen.triton.gemm import default_gemm_knobs
 
     knobs: dict[str, dict[str, Any]] = {}
     for k in program.kernels:
@@ -279,7 +284,7 @@ def default_knobs(program: Program, policy: str) -> dict[str, dict[str, Any]]:
         elif isinstance(k, GemmKernel):
             knobs[k.name] = default_gemm_knobs(program, k, policy)
     if graphable(program):  # on: see triton_graph.py for the measurement behind the default
-        from kforge.agents.expert.compiler import dominant
+        from kforge.agents.expert.plan.rounds import dominant
 
         name = dominant(program)
         if name is not None:
@@ -309,7 +314,7 @@ def _mul_combine(a, b):
 
 
 def render_triton(program: Program, knobs: dict[str, dict[str, Any]], policy: str, problem_source: str) -> str:
-    from kforge.agents.expert.triton_matmul import PRECAST_HELPER, gemm_kernel, uses_precast
+    from kforge.agents.expert.codegen.triton.gemm import PRECAST_HELPER, gemm_kernel, uses_precast
 
     sources: list[str] = [PRECAST_HELPER.strip()] if uses_precast(knobs) else []
     launches: dict[str, list[str]] = {}

@@ -22,8 +22,8 @@ from typing import Any
 
 import sympy
 
-from kforge.agents.expert.graph import UnsupportedError
-from kforge.agents.expert.kernels import Kernel, Program
+from kforge.agents.expert.errors import UnsupportedError
+from kforge.agents.expert.plan.kernels import Kernel, Program
 
 TORCH_DTYPES = {"f32": "torch.float32", "i64": "torch.int64", "i32": "torch.int32", "bool": "torch.bool"}
 

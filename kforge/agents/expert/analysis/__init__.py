@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 
-from kforge.agents.expert.cpu_compiled_analysis import evidence, recommend_compiled_cpu
+from kforge.agents.expert.analysis.cpu import evidence, recommend_compiled_cpu
 from kforge.schema import AnalysisRequest, Recommendation
 
 
@@ -24,7 +24,7 @@ def recommend(request: AnalysisRequest) -> Recommendation:
             summary=f"no usable profile ({profile.reason}): nothing to analyse",
         )
     if request.platform != "cpu":
-        module_name = f"kforge.agents.expert.{request.platform}_analysis"
+        module_name = f"kforge.agents.expert.analysis.{request.platform}"
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as err:

@@ -34,8 +34,8 @@ from typing import Any
 import sympy
 import torch
 
-from kforge.agents.expert.capture import Captured
-from kforge.agents.expert.graph import UnsupportedError
+from kforge.agents.expert.capture.trace import Captured
+from kforge.agents.expert.errors import UnsupportedError
 
 UNARY = ("neg", "abs", "exp", "exp2", "expm1", "log", "log1p", "log2", "sqrt", "rsqrt",
          "reciprocal", "sigmoid", "tanh", "relu", "erf", "sin", "cos", "sign", "floor", "ceil",
@@ -185,7 +185,7 @@ class _Builder:
 
     # -------------------------------------------------------------- walk
     def run(self) -> Graph:
-        from kforge.agents.expert.ir_ops import HANDLERS
+        from kforge.agents.expert.ir.aten import HANDLERS
 
         outputs: list[Node] = []
         returns_tuple = False
@@ -234,7 +234,7 @@ class _Builder:
                 name = getattr(packet, "__name__", str(fx.target))
                 handler = HANDLERS.get(name) if "prims" not in key else HANDLERS.get(f"prims.{name}")
                 if handler is None and name.endswith("_") and name[:-1] in HANDLERS:
-                    from kforge.agents.expert.ir_inplace import inplace_on_computed
+                    from kforge.agents.expert.ir.inplace import inplace_on_computed
 
                     self.env[fx.name] = inplace_on_computed(self, fx, HANDLERS[name[:-1]])
                     continue
@@ -251,7 +251,7 @@ class _Builder:
 def build_graph(cap: Captured, rewrite: bool = True) -> Graph:
     """The IR of a capture: common values merged, then (``rewrite``) the algebraic rewrites of
     :mod:`.rewrites` (dead values dropped among them), else only the dead values dropped."""
-    from kforge.agents.expert.rewrites import apply_rewrites
+    from kforge.agents.expert.ir.rewrites import apply_rewrites
 
     graph = cse(_Builder(cap).run())
     graph = apply_rewrites(graph) if rewrite else prune(graph)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kforge.agents.expert.kernels import (
+from kforge.agents.expert.plan.kernels import (
     GemmKernel,
     Kernel,
     PointwiseKernel,
@@ -108,7 +108,7 @@ def apply_params(knobs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any
 
 
 def _allowed(policy: str) -> tuple[str, ...]:
-    from kforge.agents.expert.triton_matmul import allowed_precisions
+    from kforge.agents.expert.codegen.triton.gemm import allowed_precisions
 
     return tuple(p for p in PRECISION_LADDER if p in allowed_precisions(policy))
 
@@ -155,7 +155,7 @@ def set_precision(program: Program, name: str, knobs: dict[str, Any], precision:
     """A kernel's knobs at another precision step, with that step's tiles for a GEMM."""
     kernel = next((k for k in program.kernels if k.name == name), None)
     if isinstance(kernel, GemmKernel) and "BLOCK_M" in knobs:
-        from kforge.agents.expert.triton_matmul import step_knobs
+        from kforge.agents.expert.codegen.triton.gemm import step_knobs
 
         return step_knobs(knobs, precision, program.hint(kernel.m), program.hint(kernel.n))
     return {**knobs, "precision": precision}

@@ -24,12 +24,8 @@ from typing import Any
 
 import sympy
 
-from kforge.agents.expert.graph import UnsupportedError
-from kforge.agents.expert.ir import COMPARISONS, Node, Scalar
-
-
-class NotFusable(Exception):
-    """A claimed node was needed at an index the kernel does not hold."""
+from kforge.agents.expert.errors import NotFusable, UnsupportedError
+from kforge.agents.expert.ir.graph import COMPARISONS, Node, Scalar
 
 
 class E:

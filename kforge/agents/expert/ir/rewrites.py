@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 import sympy
 
-from kforge.agents.expert.ir import POINTWISE, Graph, Node, Scalar, numel, prune
+from kforge.agents.expert.ir.graph import POINTWISE, Graph, Node, Scalar, numel, prune
 
 SKINNY = 4  # a matmul output dimension of at most this many known elements is "skinny"
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from kforge.agents.expert.graph import UnsupportedError
-from kforge.agents.expert.ir import Node, _Builder
-from kforge.agents.expert.ir_ops import HANDLERS, Handler, handles
+from kforge.agents.expert.errors import UnsupportedError
+from kforge.agents.expert.ir.aten import HANDLERS, Handler, handles
+from kforge.agents.expert.ir.graph import Node, _Builder
 
 
 @handles("copy_", "add_", "mul_", "copy")

@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kforge.agents.expert.triton_matmul import PlanError, fit_registers, fit_shared_memory
+from kforge.agents.expert.codegen.triton.gemm import fit_registers, fit_shared_memory
+from kforge.agents.expert.errors import PlanError
 from kforge.schema import (
     GRAPH_LAUNCH_ROW,
     Action,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kforge.agents.expert.triton_analysis import pattern_kind
+from kforge.agents.expert.analysis.triton import pattern_kind
 from kforge.schema import Action, AnalysisRequest, Recommendation
 
 PEAK_GFLOPS = {"fp32": 60_000.0, "tf32": 400_000.0}

@@ -38,18 +38,11 @@ import sympy
 import torch
 from torch.overrides import TorchFunctionMode
 
-from kforge.agents.expert.conv_decomp import CONV
-from kforge.agents.expert.graph import UnsupportedError
+from kforge.agents.expert.capture.conv import CONV
+from kforge.agents.expert.errors import NondeterministicReference, UnsupportedError
 
 RANDOM_OPS = ("bernoulli", "rand", "randn", "randint", "native_dropout", "uniform", "normal",
               "exponential", "multinomial", "randperm", "rrelu")
-
-
-class NondeterministicReference(UnsupportedError):
-    """The reference draws random numbers; ``str(err)`` starts with ``nondeterministic_reference``."""
-
-    def __init__(self, what: str) -> None:
-        ValueError.__init__(self, f"nondeterministic_reference: {what}")
 
 
 InitKey = int | tuple[int, int]  # an init input, or one element of a tuple init input
