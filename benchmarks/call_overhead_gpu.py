@@ -109,8 +109,8 @@ def run_one(path: Path, policy: str, device: str, preset: str, reps: int) -> dic
     import torch
     from gemm_epilogue_gpu import _load
 
-    from kforge.agents.expert.planner import plan_problem
-    from kforge.agents.expert.triton_render import default_knobs, render_triton
+    from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
+    from kforge.agents.expert.plan.planner import plan_problem
     from kforge.problems import load_problem, reference_case
 
     source = path.read_text()

@@ -27,9 +27,9 @@ from kforge.agents.expert.graph import UnsupportedError  # noqa: E402
 
 def stage_of(problem: Path, target: str, policy: str, verify: bool) -> tuple[str, str, float]:
     """(furthest stage reached, reason, seconds) for one file on one platform."""
-    from kforge.agents.expert.capture import capture_problem
-    from kforge.agents.expert.ir import build_graph
-    from kforge.agents.expert.planner import plan_graph
+    from kforge.agents.expert.capture.trace import capture_problem
+    from kforge.agents.expert.ir.graph import build_graph
+    from kforge.agents.expert.plan.planner import plan_graph
 
     start = time.monotonic()
     source = problem.read_text()
@@ -65,10 +65,10 @@ def stage_of(problem: Path, target: str, policy: str, verify: bool) -> tuple[str
 
 def generate(program: object, source: str, target: str, policy: str) -> str:
     if target == "triton":
-        from kforge.agents.expert.triton_render import default_knobs, render_triton
+        from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
 
         return render_triton(program, default_knobs(program, policy), policy, source)  # type: ignore[arg-type]
-    from kforge.agents.expert.cpu_render import DEFAULT_KNOBS, render_cpu
+    from kforge.agents.expert.codegen.cpu.render import DEFAULT_KNOBS, render_cpu
 
     return render_cpu(program, dict(DEFAULT_KNOBS), source)  # type: ignore[arg-type]
 

@@ -54,11 +54,11 @@ def gemm_problems(folder: Path) -> list[Path]:
 
 
 def generate(folder: Path, to: Path) -> None:
-    from kforge.agents.expert.compiler import set_precision
+    from kforge.agents.expert.codegen.triton.gemm import check_knobs
+    from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
     from kforge.agents.expert.graph import UnsupportedError
-    from kforge.agents.expert.planner import plan_problem
-    from kforge.agents.expert.triton_matmul import check_knobs
-    from kforge.agents.expert.triton_render import default_knobs, render_triton
+    from kforge.agents.expert.plan.planner import plan_problem
+    from kforge.agents.expert.plan.rounds import set_precision
 
     for path in gemm_problems(folder):
         source = path.read_text()

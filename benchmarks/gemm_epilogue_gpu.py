@@ -84,9 +84,9 @@ def problem_paths(folder: Path, ids: list[str]) -> list[Path]:
 
 
 def render(path: Path, plan: tuple[str, int, int, int, int, int, int], policy: str) -> str:
-    from kforge.agents.expert.planner import plan_problem
-    from kforge.agents.expert.triton_matmul import check_knobs
-    from kforge.agents.expert.triton_render import default_knobs, render_triton
+    from kforge.agents.expert.codegen.triton.gemm import check_knobs
+    from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
+    from kforge.agents.expert.plan.planner import plan_problem
 
     source = path.read_text()
     program = plan_problem(source)

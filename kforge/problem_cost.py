@@ -14,7 +14,7 @@ problem whose forward cannot run on meta is measured on the CPU instead.
 
 Rewritten work: the FLOPs are those a kernel must really do, and an algebraic identity can
 remove most of the reference's (a sum over the outputs of a linear layer is a GEMV with the
-summed weight: ``kforge.agents.expert.rewrites``, rule ``sum_through_linear``). A roofline
+summed weight: ``kforge.agents.expert.ir.rewrites``, rule ``sum_through_linear``). A roofline
 floor on the reference's GEMM FLOPs would flag such a correct candidate as faster than
 possible, so when the reference runs both a matmul and a sum or mean, the same rewrite rules
 are applied to the problem's own graph (captured at its effective sizes) and the counted FLOPs
@@ -110,12 +110,12 @@ SUMS = {"sum", "mean"}
 
 def rewritten_work(module: types.ModuleType) -> float:
     """The share of the reference's work left after the expert's algebraic rewrites
-    (``after / before`` of :func:`kforge.agents.expert.rewrites.work` on the problem's own
+    (``after / before`` of :func:`kforge.agents.expert.ir.rewrites.work` on the problem's own
     graph at its effective sizes); 1.0 when no rule removes work or the graph cannot be built."""
     try:
-        from kforge.agents.expert.capture import capture_namespace
-        from kforge.agents.expert.ir import build_graph
-        from kforge.agents.expert.rewrites import apply_rewrites, work
+        from kforge.agents.expert.capture.trace import capture_namespace
+        from kforge.agents.expert.ir.graph import build_graph
+        from kforge.agents.expert.ir.rewrites import apply_rewrites, work
 
         graph = build_graph(capture_namespace(vars(module), symbolic_init=False), rewrite=False)
         before = work(graph)

@@ -132,7 +132,7 @@ def test_an_fp16_overflow_leaves_the_fp16_steps() -> None:
 
 
 def test_step_down_and_up_follow_the_policy() -> None:
-    from kforge.agents.expert.compiler import step_down, step_up
+    from kforge.agents.expert.plan.rounds import step_down, step_up
 
     assert step_up("fp16x3", "strict") == "tf32x3" and step_up("ieee", "strict") is None
     assert step_up("bf16x3", "strict") == "fp16x3"  # as cheap and more accurate
@@ -157,7 +157,7 @@ def test_step_down_and_up_follow_the_policy() -> None:
 ])
 def test_an_accuracy_repair_climbs_as_far_as_the_failed_margin_says(precision: str, policy: str,
                                                                     margin: float | None, expect: str) -> None:
-    from kforge.agents.expert.compiler import step_up
+    from kforge.agents.expert.plan.rounds import step_up
 
     assert step_up(precision, policy, margin) == expect
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from kforge.agents.expert.capture import NondeterministicReference
+from kforge.agents.expert.capture.trace import NondeterministicReference
 from kforge.agents.expert.graph import UnsupportedError
-from kforge.agents.expert.kernels import GemmKernel, PointwiseKernel, RowKernel, ScanKernel
-from kforge.agents.expert.planner import plan_problem
+from kforge.agents.expert.plan.kernels import GemmKernel, PointwiseKernel, RowKernel, ScanKernel
+from kforge.agents.expert.plan.planner import plan_problem
 
 HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n"
 
@@ -144,7 +144,7 @@ print("ok")
 def _run_triton(source: str, tmp_path: Path, sizes: list[tuple[int, ...]], init: list, policy: str = "strict") -> None:
     """The Triton candidate under the CPU interpreter (its own process: the interpreter is
     chosen when Triton is imported), against the reference at each size."""
-    from kforge.agents.expert.triton_render import default_knobs, render_triton
+    from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
 
     prog = plan_problem(source)
     cand, prob, runner = tmp_path / "cand.py", tmp_path / "prob.py", tmp_path / "run.py"
@@ -175,7 +175,7 @@ def test_init_inputs_baked_into_kernels_are_refused_when_different(tmp_path: Pat
     """A pooling window from the init inputs is a loop extent the trace pins to its value: the
     candidate is built for it and says so, instead of pooling wrong windows for another one.
     (A group count stays a symbol: tests/test_expert_rewrites.py.)"""
-    from kforge.agents.expert.triton_render import default_knobs, render_triton
+    from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
 
     src = problem("self.pool = nn.MaxPool1d(args[0], 2)", "return self.pool(x)",
                   "[torch.randn(4, 32, 12)]", "[8, 32]")
@@ -290,7 +290,7 @@ def test_the_modules_and_helpers_init_builds_with_come_along(tmp_path: Path):
     # KernelBench's CNNs (ResNet's BasicBlock, EfficientNet's _make_mbconv_block): ModelNew's
     # copy of __init__ needs the classes and functions it reaches; their forward methods and
     # what only forward uses stay behind (the kernels compute)
-    from kforge.agents.expert.candidate import reference_support
+    from kforge.agents.expert.codegen.candidate import reference_support
     from kforge.verifier.checks import static_check
 
     support, methods = reference_support(HELPERS)
@@ -298,7 +298,7 @@ def test_the_modules_and_helpers_init_builds_with_come_along(tmp_path: Path):
     assert "def forward" not in support and "scaled_gelu" not in support
     assert "def _make_layer(self, a, b)" in methods
     _run_triton(HELPERS, tmp_path, [(8, 32), (5, 32)], [32, 24])
-    from kforge.agents.expert.triton_render import default_knobs, render_triton
+    from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
     prog = plan_problem(HELPERS)
     assert static_check(render_triton(prog, default_knobs(prog, "strict"), "strict", HELPERS), HELPERS,
                         platform="triton") == []

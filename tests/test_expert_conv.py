@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kforge.agents.expert.capture import capture_problem
-from kforge.agents.expert.conv_decomp import conv, conv_transpose
-from kforge.agents.expert.ir import build_graph
-from kforge.agents.expert.planner import plan_graph
+from kforge.agents.expert.capture.conv import conv, conv_transpose
+from kforge.agents.expert.capture.trace import capture_problem
+from kforge.agents.expert.ir.graph import build_graph
+from kforge.agents.expert.plan.planner import plan_graph
 
 F = torch.nn.functional
 FORWARD = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
@@ -127,7 +127,7 @@ def test_a_traced_convolution_keeps_its_sizes_symbolic() -> None:
 
 
 def test_modelnew_refuses_another_window(tmp_path: Path) -> None:
-    from kforge.agents.expert.candidate import reference_init
+    from kforge.agents.expert.codegen.candidate import reference_init
 
     _, init = reference_init(PROBLEM, capture_problem(PROBLEM).fixed_init)
     assert "kernel_size != 3" in init and "stride != 2" in init and "in_channels !=" not in init
@@ -189,7 +189,7 @@ def get_init_inputs():
 def test_a_shape_tuple_init_input_is_read_back_per_element() -> None:
     """Sizes that only a tuple init input carries stay symbols; ModelNew reads each element
     back from its own constructor arguments (``self._kf_init[i][j]``), nothing is pinned."""
-    from kforge.agents.expert.cpu_render import DEFAULT_KNOBS, render_cpu
+    from kforge.agents.expert.codegen.cpu.render import DEFAULT_KNOBS, render_cpu
 
     source = '''
 import torch

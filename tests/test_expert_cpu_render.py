@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import torch
 
-from kforge.agents.expert.cpu_render import render_cpu
-from kforge.agents.expert.planner import plan_problem
+from kforge.agents.expert.codegen.cpu.render import render_cpu
+from kforge.agents.expert.plan.planner import plan_problem
 from kforge.platforms import cpu_runtime
 from kforge.problems import load_problem, reference_case
 
@@ -121,7 +121,7 @@ def test_shape_guard_refuses_a_size_the_program_fixed() -> None:
     tensor of another shape is a clear error, never a kernel reading past a buffer."""
     import sympy
 
-    from kforge.agents.expert.cpu_render import shape_guard
+    from kforge.agents.expert.codegen.cpu.render import shape_guard
 
     program = plan_problem((ROOT / "starter/softmax_rows.py").read_text())
     (name,) = [n for n in program.placeholders if program.buffers[n].kind == "input"]

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from kforge.agents.expert.cuda_analysis import analyze_cuda
+from kforge.agents.expert.analysis.cuda import analyze_cuda
 from kforge.schema import AnalysisRequest, Profile, Timing
 
 

@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from kforge.agents.expert.planner import plan_problem
-from kforge.agents.expert.triton_matmul import (
+from kforge.agents.expert.codegen.triton.gemm import (
     ACC_REGS_LIMIT,
     acc_regs,
     check_knobs,
     fit_registers,
     step_knobs,
 )
-from kforge.agents.expert.triton_render import default_knobs, render_triton
+from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
+from kforge.agents.expert.plan.planner import plan_problem
 from tests.test_expert_compiler import problem
 
 K, N = 96, 40

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from kforge.agents.expert.triton_graph import GRAPH_HELPER
+from kforge.agents.expert.codegen.triton.graph import GRAPH_HELPER
 
 
 def _helpers() -> dict[str, Any]:

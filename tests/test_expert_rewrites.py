@@ -1,4 +1,4 @@
-"""The expert's algebraic rewrites (:mod:`kforge.agents.expert.rewrites`), the skinny-matmul
+"""The expert's algebraic rewrites (:mod:`kforge.agents.expert.ir.rewrites`), the skinny-matmul
 lowering, the size-generic capture of pools and init integers, and the roofline's rewritten work.
 
 Plans are checked on inline KernelBench-style problems at tiny sizes; the rewritten candidates
@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import torch
 
-from kforge.agents.expert.kernels import GemmKernel, RowKernel
-from kforge.agents.expert.planner import plan_problem
-from kforge.agents.expert.rewrites import _fold
+from kforge.agents.expert.ir.rewrites import _fold
+from kforge.agents.expert.plan.kernels import GemmKernel, RowKernel
+from kforge.agents.expert.plan.planner import plan_problem
 from tests.test_expert_compiler import LINEAR, RUNNER, problem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +30,7 @@ SHARED = ROOT.parent / "shared" / "kernelbench"
 
 def _cpu_candidate(source: str, tmp_path: Path, name: str = "cand") -> object:
     """The CPU backend's candidate for ``source``, imported (its C++ built on first use)."""
-    from kforge.agents.expert.cpu_render import DEFAULT_KNOBS, render_cpu
+    from kforge.agents.expert.codegen.cpu.render import DEFAULT_KNOBS, render_cpu
 
     path = tmp_path / f"{name}.py"
     path.write_text(render_cpu(plan_problem(source), dict(DEFAULT_KNOBS), source))
@@ -112,7 +112,7 @@ def test_sum_over_linear_outputs_is_a_gemv_with_the_summed_weight():
 def test_analysis_acts_on_the_rewritten_problem_s_largest_kernel():
     """After sum_through_linear the GEMM is gone: the dominant kernel is the one with the most
     work (the weight's column sum, N x K), not the first row kernel (the bias's sum, N)."""
-    from kforge.agents.expert.compiler import dominant, kernel_work
+    from kforge.agents.expert.plan.rounds import dominant, kernel_work
 
     src = problem(LINEAR, "return torch.tanh(self.linear(x).mean(dim=1, keepdim=True))",
                   "[torch.randn(16, 32)]", "[32, 24]")
@@ -166,7 +166,7 @@ def test_gemv_and_skinny_matmuls_are_row_reductions(tmp_path: Path):
 
 
 def test_rewritten_candidate_under_the_triton_interpreter(tmp_path: Path):
-    from kforge.agents.expert.triton_render import default_knobs, render_triton
+    from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
 
     src = problem(LINEAR, "return torch.tanh(self.linear(x).mean(dim=1, keepdim=True) * 2.0)",
                   "[torch.randn(8, 32)]", "[32, 24]")

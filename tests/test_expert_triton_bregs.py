@@ -12,9 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from kforge.agents.expert.planner import plan_problem
-from kforge.agents.expert.triton_matmul import PlanError, check_knobs, gemm_smem_bytes, step_knobs
-from kforge.agents.expert.triton_render import default_knobs, render_triton
+from kforge.agents.expert.codegen.triton.gemm import (
+    PlanError,
+    check_knobs,
+    gemm_smem_bytes,
+    step_knobs,
+)
+from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
+from kforge.agents.expert.plan.planner import plan_problem
 from tests.test_expert_compiler import LINEAR, problem
 
 GEMM = problem(LINEAR, "return torch.relu(self.linear(x)) * 0.5", "[torch.randn(8, 48)]", "[48, 40]")

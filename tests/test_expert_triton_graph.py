@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from kforge.agents.expert.analysis import recommend
-from kforge.agents.expert.planner import plan_problem
-from kforge.agents.expert.triton_analysis import host_gap_ms
-from kforge.agents.expert.triton_graph import graphable, writes_state
-from kforge.agents.expert.triton_render import default_knobs, render_triton
+from kforge.agents.expert.analysis.triton import host_gap_ms
+from kforge.agents.expert.codegen.triton.graph import graphable, writes_state
+from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
+from kforge.agents.expert.plan.planner import plan_problem
 from kforge.schema import AnalysisRequest, KernelStat, Profile, Timing
 from kforge.verifier.checks import static_check
 
@@ -105,7 +105,7 @@ def test_operator_rows_do_not_count_their_kernels_twice() -> None:
 
 
 def test_the_graph_action_reaches_the_next_rounds_knobs() -> None:
-    from kforge.agents.expert.compiler import apply_params
+    from kforge.agents.expert.plan.rounds import apply_params
 
     knobs = default_knobs(plan_problem(GEMM), "relaxed")
     (name, kv), = knobs.items()

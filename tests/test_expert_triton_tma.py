@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from kforge.agents.expert.planner import plan_problem
-from kforge.agents.expert.triton_matmul import PlanError, check_knobs
-from kforge.agents.expert.triton_render import default_knobs, render_triton
+from kforge.agents.expert.codegen.triton.gemm import PlanError, check_knobs
+from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
+from kforge.agents.expert.plan.planner import plan_problem
 from tests.test_expert_compiler import LINEAR, problem
 from tests.test_expert_triton_bregs import LOAD
 

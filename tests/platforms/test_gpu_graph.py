@@ -23,8 +23,8 @@ PROBLEM = ROOT / "problems" / "level2" / "001_gemm_swish_scale.py"
 
 def _candidate(tmp_path: Path, policy: str) -> Any:
     """The expert's round-0 candidate with the knob on (as the analysis turns it on)."""
-    from kforge.agents.expert.planner import plan_problem
-    from kforge.agents.expert.triton_render import default_knobs, render_triton
+    from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
+    from kforge.agents.expert.plan.planner import plan_problem
 
     source = PROBLEM.read_text()
     prog = plan_problem(source)

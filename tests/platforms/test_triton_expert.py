@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kforge.agents.expert.triton_analysis import analyze_triton, pattern_kind
+from kforge.agents.expert.analysis.triton import analyze_triton, pattern_kind
 from kforge.agents.expert.triton_codegen import (
     PlanError,
     default_plan,
@@ -174,7 +174,7 @@ def test_gemm_pipeline_is_fitted_to_shared_memory() -> None:
 
 
 def test_recommend_reads_the_expert_plan_layout() -> None:
-    from kforge.agents.expert.triton_analysis import recommend
+    from kforge.agents.expert.analysis.triton import recommend
 
     flat = {"platform": "triton", **GEMM_PLAN}
     request = _request("relaxed", 1.6).model_copy(update={"plan": flat})
