@@ -126,9 +126,14 @@ class VerifyConfig(Strict):
 
 class ProfileConfig(Strict):
     warmup: int = Field(3, ge=0)
-    reps: int = Field(20, ge=3)
+    # repetitions per callable: the ship rule's bound is an order statistic of the paired ratios,
+    # so more reps tighten it (n = 20: the 6th smallest of 20; n = 50: the 19th of 50)
+    reps: int = Field(50, ge=3)
     timeout_s: float = Field(300.0, gt=0)
-    threads: int | None = None  # CPU threads for candidate and baselines (None: all cores)
+    # CPU threads for candidate and baselines alike (None: every core but one, which the parent's
+    # clock, the scheduler and the OS use: on the 2-core dev host two threads timed a 3 ms GEMM
+    # with a CV of 30-45%, one thread with 4%)
+    threads: int | None = None
     ncu: bool = False  # Nsight Compute metrics for GPU candidates when ncu is on the PATH
     # select times torch.compile of the reference beside eager. false: eager only (quick runs,
     # CPU hosts where inductor's compile costs ~20 s a problem); the report's compile columns

@@ -127,13 +127,15 @@ def summary(profile: Profile) -> dict[str, Any]:
 
 def bench_main(argv: list[str] | None = None) -> int:
     """``kforge bench``: build, verify, then time through the checked path (module docstring)."""
+    from kforge.config import ProfileConfig
     from kforge.verifier.profiling import time_against_baselines
     from kforge.verifier.verify import verify_candidate
 
     parser = _parser("kforge bench", "Verify a candidate, then time it against eager and torch.compile.")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
+    defaults = ProfileConfig()  # the pipeline's own: bench times as select does
+    parser.add_argument("--reps", type=int, default=defaults.reps)
+    parser.add_argument("--warmup", type=int, default=defaults.warmup)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--eager-only", action="store_true",
                         help="time eager alone, not torch.compile (its build costs ~20 s on two cores)")
