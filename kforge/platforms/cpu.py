@@ -46,8 +46,11 @@ class CpuPlatform:
         start = time.perf_counter()
         versions = self.tool_versions()
         try:
-            cpp = cpu_runtime.extract_cpp_source(source)
-            path, log, _ = cpu_runtime.build_library(cpp, Path(workdir))
+            logs, path = [], None
+            for cpp in cpu_runtime.extract_cpp_sources(source):
+                path, log, _ = cpu_runtime.build_library(cpp, Path(workdir))
+                logs.append(log)
+            log = "\n".join(logs)
         except cpu_runtime.BuildError as err:
             return BuildResult(ok=False, seconds=time.perf_counter() - start,
                                log=truncate(f"{err}\n{err.log}", BUILD_LOG_CHARS),
@@ -62,7 +65,8 @@ class CpuPlatform:
     def built(self, source: str, workdir: Path) -> bool:
         """Whether ``source``'s library is already in ``workdir`` (the worker never builds)."""
         try:
-            return cpu_runtime.library_path(cpu_runtime.extract_cpp_source(source), Path(workdir)).is_file()
+            return all(cpu_runtime.library_path(cpp, Path(workdir)).is_file()
+                       for cpp in cpu_runtime.extract_cpp_sources(source))
         except cpu_runtime.CpuRuntimeError:
             return False
 
@@ -70,10 +74,10 @@ class CpuPlatform:
         return "cpu"
 
     def sandbox_inputs(self, source: str, build_dir: Path) -> list[Path]:
-        """What of the build folder a sandboxed run of ``source`` sees: its own library, not
+        """What of the build folder a sandboxed run of ``source`` sees: its own libraries, not
         every other candidate's (the folder is shared)."""
         try:
-            return [cpu_runtime.library_path(cpu_runtime.extract_cpp_source(source), Path(build_dir))]
+            return [cpu_runtime.library_path(cpp, Path(build_dir)) for cpp in cpu_runtime.extract_cpp_sources(source)]
         except cpu_runtime.CpuRuntimeError:
             return []
 

@@ -188,24 +188,35 @@ def as_input(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-def extract_cpp_source(candidate_source: str) -> str:
-    """The ``CPP_SOURCE`` string constant of a candidate module, read with ``ast`` (the
-    candidate is never executed)."""
+def extract_cpp_sources(candidate_source: str) -> list[str]:
+    """Every module-level ``CPP_SOURCE`` string constant of a candidate module (``CPP_SOURCE``
+    itself, and ``CPP_SOURCE_<name>`` ones: a stitched model holds one per region kernel), read
+    with ``ast`` (the candidate is never executed)."""
     try:
         tree = ast.parse(candidate_source)
     except SyntaxError as err:
         raise CandidateSourceError(f"candidate is not valid Python: {err}") from None
+    found = []
     for node in tree.body:
         targets: list[ast.expr] = []
         if isinstance(node, ast.Assign):
             targets = list(node.targets)
         elif isinstance(node, ast.AnnAssign) and node.value is not None:
             targets = [node.target]
-        if any(isinstance(t, ast.Name) and t.id == SOURCE_CONSTANT for t in targets):
+        names = [t.id for t in targets if isinstance(t, ast.Name)]
+        if any(n == SOURCE_CONSTANT or n.startswith(SOURCE_CONSTANT + "_") for n in names):
             value = node.value
             if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                return value.value
+                found.append(value.value)
+                continue
             raise CandidateSourceError(
                 f"{SOURCE_CONSTANT} must be a plain string literal (no f-string or expression)"
             )
-    raise CandidateSourceError(f"candidate defines no module-level {SOURCE_CONSTANT} string")
+    if not found:
+        raise CandidateSourceError(f"candidate defines no module-level {SOURCE_CONSTANT} string")
+    return found
+
+
+def extract_cpp_source(candidate_source: str) -> str:
+    """The candidate's ``CPP_SOURCE`` (the first of :func:`extract_cpp_sources`)."""
+    return extract_cpp_sources(candidate_source)[0]

@@ -119,9 +119,13 @@ def verify_candidate(
     source: str, problem_path: Path, *, platform: str, policy: Policy, preset: str = "ci",
     sizes: dict[str, int] | None = None, build_dir: Path | None = None, trials: int = 3,
     timeout_s: float = 120, memory_mb: int = 4096, scratch: Path | None = None,
-    compare: Compare = "auto",
+    compare: Compare = "auto", whole_model: bool = False,
 ) -> Verdict:
-    """Verify one candidate; never raises for anything the candidate does. ``compare``:
+    """Verify one candidate; never raises for anything the candidate does. ``whole_model``: a
+    stitched model (kforge.models) whose regions without a kernel of their own are the
+    reference's own operations: no static checks and no launch checks, and no case at other
+    sizes (it is cut for the sizes its kernels were made at); every other check (values,
+    repeats, the sandbox, global state, the harness) as for any candidate. ``compare``:
     ``auto`` compares a CUDA candidate's outputs on the device (``gpu_compare.py``: CUDA IPC to
     a trusted judge, no trip through host memory) and any other as bytes in the parent
     (``host``); ``device`` / ``host`` force one (``device`` on a CPU platform runs the same judge
@@ -129,17 +133,20 @@ def verify_candidate(
     GPU)."""
     return run_verification(source, problem_path, platform=platform, policy=policy, preset=preset,
                             sizes=sizes, build_dir=build_dir, trials=trials, timeout_s=timeout_s,
-                            memory_mb=memory_mb, scratch=scratch, compare=compare)
+                            memory_mb=memory_mb, scratch=scratch, compare=compare, static=not whole_model,
+                            launch_checks=not whole_model, other_sizes=not whole_model)
 
 
 def run_verification(
     source: str, problem_path: Path, *, platform: str, policy: Policy, preset: str = "ci",
     sizes: dict[str, int] | None = None, build_dir: Path | None = None, trials: int = 3,
     timeout_s: float = 120, memory_mb: int = 4096, scratch: Path | None = None,
-    static: bool = True, max_pids: int = 256, compare: Compare = "auto",
+    static: bool = True, max_pids: int = 256, compare: Compare = "auto", launch_checks: bool = True,
+    other_sizes: bool = True,
 ) -> Verdict:
     """``verify_candidate`` with knobs for tests: ``static=False`` exercises the dynamic layer
-    alone, as if a pattern had slipped past the AST checks."""
+    alone, as if a pattern had slipped past the AST checks. ``launch_checks`` and
+    ``other_sizes`` (the shape-specialisation case) are off for a stitched whole model."""
     start = time.monotonic()
     tol = TOLERANCES[policy]
 
@@ -181,7 +188,8 @@ def run_verification(
     def once(fresh: bool) -> Verdict:
         cases = [c.to_json() for c in plan_cases(trials, None)]
         shape_index = len(cases)
-        cases.append({"index": shape_index, "seed": 99991, "dist": "native", "sizes": "auto"})
+        if other_sizes:
+            cases.append({"index": shape_index, "seed": 99991, "dist": "native", "sizes": "auto"})
         ref_job = {"mode": "reference", "problem_path": str(problem_path), "preset": preset,
                    "sizes": sizes, "cases": cases, "device": device, "model_seed": MODEL_SEED,
                    "repeat_seed": repeat_seed(problem_source)}
@@ -203,7 +211,7 @@ def run_verification(
         shape_frame = ref_cases.get(shape_index)
         if shape_frame is not None and "error" not in shape_frame.header:
             cases[shape_index]["sizes"] = shape_frame.header["sizes"]
-        else:
+        elif other_sizes:  # the reference took none of the other sizes: no such case
             cases.pop()
         cand_job = dict(ref_job, mode="candidate", cases=cases, tol=tol, hidden=hidden)
         link = None
@@ -236,7 +244,7 @@ def run_verification(
         cand_cases = {int(f.header["index"]): f for f in out.frames if f.header.get("kind") == "case"}
         j = judge(ref_cases, cand_cases, tol=tol, strict=policy == "strict",
                   shape_index=shape_index if shape_index in ref_cases and len(cases) > shape_index else None,
-                  platform=platform, on_device=answers)
+                  platform=platform, on_device=answers, launch_checks=launch_checks)
         extra.update(margins=j.margins, max_margin=max_margin(j.margins))
         if j.reason is Reason.OK and (out.done.get("tampered") or out.done.get("global_state")):
             moved, state = out.done.get("tampered") or [], out.done.get("global_state") or []

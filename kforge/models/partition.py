@@ -1,0 +1,176 @@
+"""Cut an exported forward into regions: what one cell of the pipeline makes a kernel of.
+
+    1. every operation is keyed by the module it ran in, at a depth: the model's children first
+    2. a group of consecutive operations with one key that holds more than ``MAX_HEAVY`` heavy
+       ops (GEMMs, convolutions, attention, recurrences) is keyed one level deeper, into its
+       child modules and the runs of its own operations between them
+    3. consecutive groups merge while at most one of them holds heavy ops and together they
+       hold no more than ``MAX_HEAVY``: a convolution and the BatchNorm, activation and pooling
+       modules after it are one region (its epilogue), a LayerNorm joins the projection after it
+    4. ``torch.fx``'s ``split_module`` makes each group a submodule; the parent graph calls
+       them in order and hands them their activations, parameters and buffers
+
+Consecutive groups in graph order are convex (a group reads only earlier groups' values), so
+the split never reorders work. A region's digest is its code with its inputs' shapes and
+dtypes: regions with one digest (every layer of a stack) are one cell.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.fx.passes.split_module import split_module
+
+MAX_HEAVY = 4
+HEAVY = ("conv", "linear", "mm", "bmm", "matmul", "addmm", "baddbmm", "einsum", "scaled_dot_product", "lstm",
+         "gru", "rnn", "_convolution", "embedding_bag")
+
+
+def is_heavy(node: torch.fx.Node) -> bool:
+    if node.op != "call_function":
+        return False
+    name = str(getattr(node.target, "__name__", node.target)).split(".")[0]
+    return name.startswith(HEAVY)
+
+
+def _stack(node: torch.fx.Node) -> list[str]:
+    return [str(v[0]) for v in (node.meta.get("nn_module_stack") or {}).values()]
+
+
+def _key(node: torch.fx.Node, depth: int) -> str:
+    stack = _stack(node)
+    if len(stack) > depth:
+        return stack[depth]
+    return (stack[-1] if stack else "") + "::own"
+
+
+def _runs(nodes: list[torch.fx.Node], key: Callable[[torch.fx.Node], str]) -> list[list[torch.fx.Node]]:
+    runs: list[list[torch.fx.Node]] = []
+    last = None
+    for node in nodes:
+        k = key(node)
+        if not runs or k != last:
+            runs.append([])
+            last = k
+        runs[-1].append(node)
+    return runs
+
+
+def _heavy(group: list[torch.fx.Node]) -> int:
+    return sum(is_heavy(n) for n in group)
+
+
+def groups_of(nodes: list[torch.fx.Node], depth: int = 1) -> list[list[torch.fx.Node]]:
+    """Steps 1 and 2 of the module docstring."""
+    out: list[list[torch.fx.Node]] = []
+    for group in _runs(nodes, lambda n: _key(n, depth)):
+        deeper = any(len(_stack(n)) > depth + 1 for n in group)
+        if _heavy(group) > MAX_HEAVY and deeper:
+            out += groups_of(group, depth + 1)
+        else:
+            out.append(group)
+    return out
+
+
+def merged(groups: list[list[torch.fx.Node]]) -> list[list[torch.fx.Node]]:
+    """Step 3 of the module docstring."""
+    out: list[list[torch.fx.Node]] = []
+    for group in groups:
+        if out:
+            a, b = _heavy(out[-1]), _heavy(group)
+            if (a == 0 or b == 0) and a + b <= MAX_HEAVY:
+                out[-1] = out[-1] + group
+                continue
+        out.append(list(group))
+    return out
+
+
+@dataclass
+class TensorSpec:
+    name: str  # the submodule's placeholder name
+    kind: str  # "activation" | "parameter" | "buffer"
+    shape: list[int]
+    dtype: str
+    source: str = ""  # the model's attribute path of a parameter or buffer
+
+    def key(self) -> list[Any]:
+        return [self.kind, self.shape, self.dtype]
+
+
+@dataclass
+class Region:
+    name: str  # the split's submodule name (submod_N)
+    label: str  # the module path it covers, for people
+    code: str  # the submodule's forward, as torch.fx writes it
+    inputs: list[TensorSpec] = field(default_factory=list)
+    outputs: list[TensorSpec] = field(default_factory=list)
+    heavy: list[str] = field(default_factory=list)
+    ops: int = 0
+
+    @property
+    def digest(self) -> str:
+        body = [self.code, [s.key() for s in self.inputs], [s.key() for s in self.outputs]]
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass
+class Partition:
+    split: torch.fx.GraphModule  # the parent graph calling submod_0 .. submod_n
+    regions: list[Region]
+    seen: dict[str, tuple[list[Any], Any]] = field(default_factory=dict)  # region -> (real args, output)
+
+
+class _Recorder(torch.fx.Interpreter):
+    """Runs the split graph on real inputs and keeps what each region was called with."""
+
+    def __init__(self, module: torch.fx.GraphModule) -> None:
+        super().__init__(module)
+        self.seen: dict[str, tuple[list[Any], Any]] = {}
+
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        out = super().call_module(target, args, kwargs)
+        self.seen[str(target)] = (list(args), out)
+        return out
+
+
+def _spec(name: str, value: Any, kind: str, source: str = "") -> TensorSpec:
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"{name} is a {type(value).__name__}, not a tensor: regions pass tensors only")
+    return TensorSpec(name, kind, [int(d) for d in value.shape], str(value.dtype).removeprefix("torch."), source)
+
+
+def partition(gm: torch.fx.GraphModule, root: torch.nn.Module, inputs: list[Any]) -> Partition:
+    ops = [n for n in gm.graph.nodes if n.op == "call_function"]
+    groups = merged(groups_of(ops))
+    index = {n: i for i, g in enumerate(groups) for n in g}
+    split = split_module(gm, root, lambda n: index.get(n, 0), keep_original_order=True)
+    params = dict(root.named_parameters())
+    recorder = _Recorder(split)
+    with torch.no_grad():
+        recorder.run(*inputs)
+    regions = []
+    for node in split.graph.nodes:
+        if node.op != "call_module":
+            continue
+        sub = getattr(split, str(node.target))
+        args, out = recorder.seen[str(node.target)]
+        places = [p for p in sub.graph.nodes if p.op == "placeholder"]
+        specs = []
+        for place, arg, value in zip(places, node.args, args, strict=True):
+            if isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
+                path = str(arg.target)
+                specs.append(_spec(place.name, value, "parameter" if path in params else "buffer", path))
+            else:
+                specs.append(_spec(place.name, value, "activation"))
+        results = out if isinstance(out, tuple | list) else [out]
+        outs = [_spec(f"out{i}", r, "activation") for i, r in enumerate(results)]
+        members = [n for n in sub.graph.nodes if n.op == "call_function"]
+        labels = sorted({_key(n, 2).removesuffix("::own") for n in members})
+        regions.append(Region(str(node.target), ", ".join(labels[:3]) + ("..." if len(labels) > 3 else ""),
+                              sub.code, specs, outs, [str(n.target) for n in members if is_heavy(n)], len(members)))
+    return Partition(split, regions, recorder.seen)
