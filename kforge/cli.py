@@ -1,4 +1,5 @@
-"""The ``kforge`` command: report, query, ship, audit, provenance, platforms, verify, config checks.
+"""The ``kforge`` command: report, query, ship, audit, provenance, platforms, verify, bench, model,
+config checks.
 
 The pipeline itself runs through Snakemake (``snakemake --cores 4 artifacts/report.parquet``);
 this command reads what it produced and offers the verifier on its own.
@@ -109,6 +110,42 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_model(args: argparse.Namespace) -> int:
+    """``kforge model MODEL.py``: the model's regions through the pipeline, stitched, end to end."""
+    from kforge.models.run import run_model
+
+    path = Path(args.model)
+    if not path.is_file():
+        print(f"kforge model: {path} not found", file=sys.stderr)
+        return 3
+    sizes = dict(_size(s) for s in args.size) if args.size else None
+    out = Path(args.out) if args.out else Path("artifacts") / "models" / path.stem
+    record = run_model(path, out, platform=args.platform, policy=args.policy, preset=args.preset, sizes=sizes,
+                       rounds={"functional": args.functional, "optimization": args.optimization}, cores=args.cores,
+                       kernels=args.kernels)
+    print(f"{record.model}: {len(record.regions)} regions ({record.distinct_regions} distinct), "
+          f"{record.shipped_regions} shipped; stage {record.stage}" + (f": {record.error}" if record.error else ""))
+    for r in record.regions:
+        ratio = f"{r.speedup:.2f}x" if r.speedup else "-"
+        print(f"  {r.region:10} {r.problem:16} {r.status:14} {ratio:>7}  {r.ops:4} ops  {r.label}")
+    e2e = record.e2e
+    if e2e is not None:
+        timing = (f"; {e2e.candidate_ms:.4g} ms against eager {e2e.eager_ms or 0:.4g} ms, torch.compile "
+                  f"{e2e.compile_ms or 0:.4g} ms: {e2e.speedup}x (95% lower bound {e2e.low}x), {e2e.status}"
+                  if e2e.candidate_ms else "")
+        print(f"end to end: {'VERIFIED' if e2e.verified else 'REJECTED'} {e2e.reason} (max margin "
+              f"{e2e.max_margin}){timing}")
+    print(f"wrote {out / 'model.json'}")
+    return 0 if e2e is not None and e2e.verified else 1
+
+
+def _size(text: str) -> tuple[str, int]:
+    name, _, value = text.partition("=")
+    if not value.lstrip("-").isdigit():
+        raise SystemExit(f"kforge model: --size takes NAME=INT, got {text!r}")
+    return name, int(value)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["verify"]:
@@ -137,6 +174,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("query", help="a problem name or a digest prefix (selection, candidate or source)")
     p.add_argument("--store", default="artifacts")
     p.set_defaults(func=cmd_provenance)
+    p = sub.add_parser("model", help="a whole model: its regions through the pipeline, stitched, verified and "
+                                     "timed end to end")
+    p.add_argument("model", help="a model file in KernelBench format (Model, get_inputs, get_init_inputs)")
+    p.add_argument("--platform", default="cpu")
+    p.add_argument("--policy", choices=["strict", "relaxed"], default="strict")
+    p.add_argument("--preset", default="ci")
+    p.add_argument("--size", action="append", default=[], metavar="NAME=INT", help="a size constant of the file")
+    p.add_argument("--functional", type=int, default=1, help="repair rounds per region")
+    p.add_argument("--optimization", type=int, default=0, help="profile -> analyze -> refine rounds per region")
+    p.add_argument("--cores", type=int, default=4, help="Snakemake's --cores for the regions' pipeline")
+    p.add_argument("--kernels", choices=["shipped", "verified"], default="shipped",
+                   help="which regions the stitched forward gives their kernel: the ship rule's, or every verified one")
+    p.add_argument("--out", help="output folder (default artifacts/models/<model>)")
+    p.set_defaults(func=cmd_model)
     p = sub.add_parser("platforms", help="every platform, whether it builds and runs here, and why not")
     p.set_defaults(func=cmd_platforms)
     p = sub.add_parser("config", help="validate a configuration file")

@@ -58,11 +58,17 @@ def capture_model(path: Path, *, preset: str = "ci", sizes: dict[str, int] | Non
                       isinstance(out, tuple | list))
 
 
+CHECKS = ("_assert_tensor_metadata", "_assert_scalar", "_assert_async", "sym_constrain_range")
+
+
 def _without_guards(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """The exported module less its input-guard call (``_guards_fn``: the export's check of the
-    shapes it was traced at), which is no operation of the model's and belongs to no region."""
-    for node in list(gm.graph.nodes):
-        if node.op == "call_module" and str(node.target) == "_guards_fn" and not node.users:
+    """The exported module less its checks: the input-guard call (``_guards_fn``: the shapes it
+    was traced at) and the metadata asserts the export writes beside ops (``_assert_*``), which
+    are no operations of the model's and belong to no region."""
+    for node in reversed(list(gm.graph.nodes)):
+        check = (node.op == "call_module" and str(node.target) == "_guards_fn") or (
+            node.op == "call_function" and str(getattr(node.target, "__name__", "")).startswith(CHECKS))
+        if check and not node.users:
             gm.graph.erase_node(node)
     gm.recompile()
     return gm

@@ -61,20 +61,39 @@ def _runs(nodes: list[torch.fx.Node], key: Callable[[torch.fx.Node], str]) -> li
     return runs
 
 
+def _label(stacks: list[list[str]]) -> str:
+    """The deepest module all of a region's operations ran in, and its children they ran in."""
+    common: list[str] = []
+    for level in zip(*stacks, strict=False):
+        if len(set(level)) != 1:
+            break
+        common.append(level[0])
+    top = common[-1] if common else ""
+    children = sorted({s[len(common)] for s in stacks if len(s) > len(common)})
+    inner = ", ".join(c.removeprefix(top + ".") for c in children[:4]) + ("..." if len(children) > 4 else "")
+    return f"{top or '(model)'}" + (f": {inner}" if inner else "")
+
+
 def _heavy(group: list[torch.fx.Node]) -> int:
     return sum(is_heavy(n) for n in group)
 
 
 def groups_of(nodes: list[torch.fx.Node], depth: int = 1) -> list[list[torch.fx.Node]]:
-    """Steps 1 and 2 of the module docstring."""
+    """Steps 1 to 3 of the module docstring. A module refined into its children comes back as
+    a sealed run of groups: merging happens among siblings only, never across a refined
+    module's edge, so every layer of a stack is cut alike (its norm does not join the layer
+    before)."""
     out: list[list[torch.fx.Node]] = []
+    pending: list[list[torch.fx.Node]] = []  # unrefined siblings, merged before they are kept
     for group in _runs(nodes, lambda n: _key(n, depth)):
         deeper = any(len(_stack(n)) > depth + 1 for n in group)
         if _heavy(group) > MAX_HEAVY and deeper:
+            out += merged(pending)
+            pending = []
             out += groups_of(group, depth + 1)
         else:
-            out.append(group)
-    return out
+            pending.append(group)
+    return out + merged(pending)
 
 
 def merged(groups: list[list[torch.fx.Node]]) -> list[list[torch.fx.Node]]:
@@ -125,6 +144,20 @@ class Partition:
     seen: dict[str, tuple[list[Any], Any]] = field(default_factory=dict)  # region -> (real args, output)
 
 
+def canonical(sub: torch.fx.GraphModule) -> None:
+    """Name a region's values by position (inputs a0.., the rest v0..), so two regions that do
+    the same work (two layers of a stack) have the same code and one digest."""
+    inputs = values = 0
+    for node in sub.graph.nodes:
+        if node.op == "placeholder":
+            node.name = node.target = f"a{inputs}"
+            inputs += 1
+        elif node.op != "output":
+            node.name = f"v{values}"
+            values += 1
+    sub.recompile()
+
+
 class _Recorder(torch.fx.Interpreter):
     """Runs the split graph on real inputs and keeps what each region was called with."""
 
@@ -146,9 +179,12 @@ def _spec(name: str, value: Any, kind: str, source: str = "") -> TensorSpec:
 
 def partition(gm: torch.fx.GraphModule, root: torch.nn.Module, inputs: list[Any]) -> Partition:
     ops = [n for n in gm.graph.nodes if n.op == "call_function"]
-    groups = merged(groups_of(ops))
+    groups = groups_of(ops)
     index = {n: i for i, g in enumerate(groups) for n in g}
     split = split_module(gm, root, lambda n: index.get(n, 0), keep_original_order=True)
+    for node in split.graph.nodes:
+        if node.op == "call_module":
+            canonical(getattr(split, str(node.target)))
     params = dict(root.named_parameters())
     recorder = _Recorder(split)
     with torch.no_grad():
@@ -170,7 +206,6 @@ def partition(gm: torch.fx.GraphModule, root: torch.nn.Module, inputs: list[Any]
         results = out if isinstance(out, tuple | list) else [out]
         outs = [_spec(f"out{i}", r, "activation") for i, r in enumerate(results)]
         members = [n for n in sub.graph.nodes if n.op == "call_function"]
-        labels = sorted({_key(n, 2).removesuffix("::own") for n in members})
-        regions.append(Region(str(node.target), ", ".join(labels[:3]) + ("..." if len(labels) > 3 else ""),
+        regions.append(Region(str(node.target), _label([_stack(n) for n in members]),
                               sub.code, specs, outs, [str(n.target) for n in members if is_heavy(n)], len(members)))
     return Partition(split, regions, recorder.seen)
