@@ -109,21 +109,24 @@ def run_one(path: Path, policy: str, device: str, preset: str, reps: int) -> dic
     import torch
     from gemm_epilogue_gpu import _load
 
-    from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
+    from kforge.agents.expert.codegen.backend import get_backend
+    from kforge.agents.expert.plan.knobs import TritonGemm
     from kforge.agents.expert.plan.planner import plan_problem
     from kforge.problems import load_problem, reference_case
 
     source = path.read_text()
     program = plan_problem(source)
-    knobs = default_knobs(program, policy)
-    module = _load(render_triton(program, knobs, policy, source), f"cand_{path.stem}")
+    triton = get_backend("triton")
+    knobs = triton.default_knobs(program, policy)
+    module = _load(triton.render(program, knobs, policy, source), f"cand_{path.stem}")
     problem = load_problem(path, preset=preset)
     ref, inputs = reference_case(problem, 0, device=device)
     torch.manual_seed(0)
     new = module.ModelNew(*problem.get_init_inputs()).to(device)
     new.load_state_dict(ref.state_dict())
     row: dict[str, Any] = {"problem": path.stem, "policy": policy, "device": device,
-                           "knobs": {k: v for kv in knobs.values() for k, v in kv.items() if "precision" in kv},
+                           "knobs": {k: v for kv in knobs.kernels.values() if isinstance(kv, TritonGemm)
+                                     for k, v in kv.to_json().items()},
                            "ms": {}}
     if device == "cuda":
         row["gpu"] = torch.cuda.get_device_name()
@@ -140,9 +143,9 @@ def run_one(path: Path, policy: str, device: str, preset: str, reps: int) -> dic
             ms["replay+copy"] = _protocol(lambda: (graph.replay(), gout.clone())[1], reps, device)
         ms["no_graph"] = _protocol(lambda: new._kf_forward(*inputs), reps, device)
         # the same candidate with the GEMM's pointer loads instead of TMA descriptors
-        ptr_knobs = {n: ({**kv, "tma": 0} if kv.get("tma") else kv) for n, kv in knobs.items()}
+        ptr_knobs = knobs.with_params(TritonGemm, {"tma": 0})
         if ptr_knobs != knobs:
-            ptr = _load(render_triton(program, ptr_knobs, policy, source), f"cand_ptr_{path.stem}")
+            ptr = _load(triton.render(program, ptr_knobs, policy, source), f"cand_ptr_{path.stem}")
             other = ptr.ModelNew(*problem.get_init_inputs()).to(device)
             other.load_state_dict(ref.state_dict())
             for _ in range(3):

@@ -22,13 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kforge.agents.expert.graph import UnsupportedError  # noqa: E402
+from kforge.agents.expert.errors import UnsupportedError  # noqa: E402
 
 
 def stage_of(problem: Path, target: str, policy: str, verify: bool) -> tuple[str, str, float]:
     """(furthest stage reached, reason, seconds) for one file on one platform."""
     from kforge.agents.expert.capture.trace import capture_problem
-    from kforge.agents.expert.ir.graph import build_graph
+    from kforge.agents.expert.ir.build import build_graph
     from kforge.agents.expert.plan.planner import plan_graph
 
     start = time.monotonic()
@@ -64,13 +64,9 @@ def stage_of(problem: Path, target: str, policy: str, verify: bool) -> tuple[str
 
 
 def generate(program: object, source: str, target: str, policy: str) -> str:
-    if target == "triton":
-        from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
+    from kforge.agents.expert.codegen.backend import render_default
 
-        return render_triton(program, default_knobs(program, policy), policy, source)  # type: ignore[arg-type]
-    from kforge.agents.expert.codegen.cpu.render import DEFAULT_KNOBS, render_cpu
-
-    return render_cpu(program, dict(DEFAULT_KNOBS), source)  # type: ignore[arg-type]
+    return render_default(program, target, policy, source)  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> int:

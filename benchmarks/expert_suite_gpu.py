@@ -54,11 +54,12 @@ def gemm_problems(folder: Path) -> list[Path]:
 
 
 def generate(folder: Path, to: Path) -> None:
-    from kforge.agents.expert.codegen.triton.gemm import check_knobs
-    from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
-    from kforge.agents.expert.graph import UnsupportedError
+    from kforge.agents.expert.codegen.backend import get_backend
+    from kforge.agents.expert.errors import UnsupportedError
     from kforge.agents.expert.plan.planner import plan_problem
     from kforge.agents.expert.plan.rounds import set_precision
+
+    triton = get_backend("triton")
 
     for path in gemm_problems(folder):
         source = path.read_text()
@@ -73,10 +74,10 @@ def generate(folder: Path, to: Path) -> None:
         for policy in POLICIES:
             (to / policy).mkdir(parents=True, exist_ok=True)
             for step in LADDER[policy]:
-                knobs = default_knobs(program, policy)
-                knobs = {n: check_knobs(set_precision(program, n, kv, step), policy) if "precision" in kv else kv
-                         for n, kv in knobs.items()}
-                code = render_triton(program, knobs, policy, source)
+                knobs = triton.default_knobs(program, policy)
+                for name in knobs.precisions():
+                    knobs = set_precision(triton, program, knobs, name, step)
+                code = triton.render(program, triton.fit(program, knobs, policy), policy, source)
                 (to / policy / f"{path.stem}.{step}.py").write_text(code)
         print(f"{path.stem}: {program.summary()}")
 

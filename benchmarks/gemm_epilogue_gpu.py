@@ -84,21 +84,18 @@ def problem_paths(folder: Path, ids: list[str]) -> list[Path]:
 
 
 def render(path: Path, plan: tuple[str, int, int, int, int, int, int], policy: str) -> str:
-    from kforge.agents.expert.codegen.triton.gemm import check_knobs
-    from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
+    from kforge.agents.expert.codegen.backend import get_backend
+    from kforge.agents.expert.plan.knobs import TritonGemm
     from kforge.agents.expert.plan.planner import plan_problem
 
     source = path.read_text()
     program = plan_problem(source)
     precision, precast, bm, bn, bk, warps, stages = plan
-    knobs = default_knobs(program, policy)
-    for name, kv in knobs.items():
-        if "precision" in kv:
-            knobs[name] = check_knobs({**kv, "precision": precision, "precast": min(precast, 1),
-                                       "b_regs": int(precast == 2), "BLOCK_M": bm,
-                                       "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps,
-                                       "num_stages": stages}, policy)
-    return render_triton(program, knobs, policy, source)
+    triton = get_backend("triton")
+    knobs = triton.default_knobs(program, policy).with_params(TritonGemm, {
+        "precision": precision, "precast": min(precast, 1), "b_regs": int(precast == 2), "BLOCK_M": bm,
+        "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages})
+    return triton.render(program, triton.fit(program, knobs, policy), policy, source)
 
 
 def _load(code: str, name: str) -> Any:

@@ -114,7 +114,7 @@ def rewritten_work(module: types.ModuleType) -> float:
     graph at its effective sizes); 1.0 when no rule removes work or the graph cannot be built."""
     try:
         from kforge.agents.expert.capture.trace import capture_namespace
-        from kforge.agents.expert.ir.graph import build_graph
+        from kforge.agents.expert.ir.build import build_graph
         from kforge.agents.expert.ir.rewrites import apply_rewrites, work
 
         graph = build_graph(capture_namespace(vars(module), symbolic_init=False), rewrite=False)

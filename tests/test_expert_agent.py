@@ -132,7 +132,7 @@ def test_an_fp16_overflow_leaves_the_fp16_steps() -> None:
 
 
 def test_step_down_and_up_follow_the_policy() -> None:
-    from kforge.agents.expert.plan.rounds import step_down, step_up
+    from kforge.agents.expert.plan.precision import step_down, step_up
 
     assert step_up("fp16x3", "strict") == "tf32x3" and step_up("ieee", "strict") is None
     assert step_up("bf16x3", "strict") == "fp16x3"  # as cheap and more accurate
@@ -157,7 +157,7 @@ def test_step_down_and_up_follow_the_policy() -> None:
 ])
 def test_an_accuracy_repair_climbs_as_far_as_the_failed_margin_says(precision: str, policy: str,
                                                                     margin: float | None, expect: str) -> None:
-    from kforge.agents.expert.plan.rounds import step_up
+    from kforge.agents.expert.plan.precision import step_up
 
     assert step_up(precision, policy, margin) == expect
 
@@ -181,8 +181,8 @@ def test_the_failed_margin_reaches_the_repair_round() -> None:
       "    def forward(self, x):\n        return torch.sort(x, dim=-1).values\n"
       "def get_inputs():\n    return [torch.randn(4, 8)]\ndef get_init_inputs():\n    return []\n", "cpu", "sort"),
      ("import torch\nclass Model(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-      "        self.c = torch.nn.Conv2d(3, 4, 3)\n    def forward(self, x):\n        return self.c(x)\n"
-      "def get_inputs():\n    return [torch.randn(1, 3, 8, 8)]\ndef get_init_inputs():\n    return []\n", "cuda", "Conv2d"),
+      "    def forward(self, x):\n        return torch.topk(x, 2, dim=-1).values\n"
+      "def get_inputs():\n    return [torch.randn(4, 8)]\ndef get_init_inputs():\n    return []\n", "cuda", "topk"),
      (None, "metal", "no 'metal' code generator")],
 )
 def test_unsupported_gives_a_clear_result(source: str | None, platform: str, expect: str) -> None:
@@ -198,3 +198,25 @@ def test_analysis_of_a_failed_profile_is_unknown() -> None:
     result = AGENT.generate(request("softmax_rows"))
     rec = analyse(result.plan, result.source or "", Profile(ok=False, reason="timeout"))
     assert rec.bottleneck == "unknown" and not rec.actions
+
+
+def test_the_cuda_platform_compiles_through_the_same_planner() -> None:
+    req = request("gemm_gelu_scale", platform="cuda", example=load_example("cuda"), policy="relaxed")
+    first = AGENT.generate(req)
+    name = first.plan["dominant"]
+    assert first.source and "CUDA_SOURCE" in first.source and first.plan["knobs"][name]["precision"] == "tf32"
+    fb = [Feedback(stage="verify", reason="output_mismatch", detail="max abs err 3e-2")]
+    up = AGENT.generate(req.model_copy(update=dict(round=1, previous_plan=first.plan, feedback=fb)))
+    assert up.plan["knobs"][name]["precision"] == "ieee" and up.plan["failed_precisions"] == ["tf32"]
+    strict = AGENT.generate(request("gemm_gelu_scale", platform="cuda", example=load_example("cuda")))
+    assert strict.plan["knobs"][name]["precision"] == "ieee" and "wmma" not in (strict.source or "")
+
+
+def test_every_refused_fusion_is_in_the_plan() -> None:
+    """A GroupNorm after a GEMM: its group view of the GEMM's output cannot be the GEMM's
+    epilogue; the plan says which kernel refused which node and why."""
+    src = (STARTER.parent / "level2" / "034_gemm_groupnorm_swish_multiply_swish.py").read_text()
+    plan = AGENT.generate(request("softmax_rows", problem_source=src, platform="triton")).plan
+    assert [k["kind"] for k in plan["kernels"]] == ["gemm", "row"]
+    (refusal,) = plan["refusals"]
+    assert refusal["kernel"] == "k0" and refusal["op"] == "view" and "a kernel of its own" in refusal["reason"]

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge.agents.expert.capture.trace import NondeterministicReference
-from kforge.agents.expert.graph import UnsupportedError
+from kforge.agents.expert.errors import NondeterministicReference, UnsupportedError
 from kforge.agents.expert.plan.kernels import GemmKernel, PointwiseKernel, RowKernel, ScanKernel
 from kforge.agents.expert.plan.planner import plan_problem
 
@@ -144,11 +143,11 @@ print("ok")
 def _run_triton(source: str, tmp_path: Path, sizes: list[tuple[int, ...]], init: list, policy: str = "strict") -> None:
     """The Triton candidate under the CPU interpreter (its own process: the interpreter is
     chosen when Triton is imported), against the reference at each size."""
-    from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
+    from kforge.agents.expert.codegen.backend import render_default
 
     prog = plan_problem(source)
     cand, prob, runner = tmp_path / "cand.py", tmp_path / "prob.py", tmp_path / "run.py"
-    cand.write_text(render_triton(prog, default_knobs(prog, policy), policy, source))
+    cand.write_text(render_default(prog, "triton", policy, source))
     prob.write_text(source)
     runner.write_text(RUNNER)
     proc = subprocess.run([sys.executable, str(runner), str(cand), str(prob), repr(init), repr(sizes)],
@@ -175,14 +174,14 @@ def test_init_inputs_baked_into_kernels_are_refused_when_different(tmp_path: Pat
     """A pooling window from the init inputs is a loop extent the trace pins to its value: the
     candidate is built for it and says so, instead of pooling wrong windows for another one.
     (A group count stays a symbol: tests/test_expert_rewrites.py.)"""
-    from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
+    from kforge.agents.expert.codegen.backend import render_default
 
     src = problem("self.pool = nn.MaxPool1d(args[0], 2)", "return self.pool(x)",
                   "[torch.randn(4, 32, 12)]", "[8, 32]")
     prog = plan_problem(src)
     assert prog.fixed_init == {0: 8}
     path = tmp_path / "cand_gn.py"
-    path.write_text(render_triton(prog, default_knobs(prog, "strict"), "strict", src))
+    path.write_text(render_default(prog, "triton", "strict", src))
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("cand_gn", path)
@@ -298,7 +297,7 @@ def test_the_modules_and_helpers_init_builds_with_come_along(tmp_path: Path):
     assert "def forward" not in support and "scaled_gelu" not in support
     assert "def _make_layer(self, a, b)" in methods
     _run_triton(HELPERS, tmp_path, [(8, 32), (5, 32)], [32, 24])
-    from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
+    from kforge.agents.expert.codegen.backend import render_default
     prog = plan_problem(HELPERS)
-    assert static_check(render_triton(prog, default_knobs(prog, "strict"), "strict", HELPERS), HELPERS,
+    assert static_check(render_default(prog, "triton", "strict", HELPERS), HELPERS,
                         platform="triton") == []

@@ -13,7 +13,7 @@ import torch
 
 from kforge.agents.expert.capture.conv import conv, conv_transpose
 from kforge.agents.expert.capture.trace import capture_problem
-from kforge.agents.expert.ir.graph import build_graph
+from kforge.agents.expert.ir.build import build_graph
 from kforge.agents.expert.plan.planner import plan_graph
 
 F = torch.nn.functional
@@ -189,7 +189,7 @@ def get_init_inputs():
 def test_a_shape_tuple_init_input_is_read_back_per_element() -> None:
     """Sizes that only a tuple init input carries stay symbols; ModelNew reads each element
     back from its own constructor arguments (``self._kf_init[i][j]``), nothing is pinned."""
-    from kforge.agents.expert.codegen.cpu.render import DEFAULT_KNOBS, render_cpu
+    from kforge.agents.expert.codegen.backend import render_default
 
     source = '''
 import torch
@@ -211,7 +211,7 @@ def get_init_inputs():
 '''
     cap = capture_problem(source)
     assert cap.fixed_init == {} and sorted(cap.init_sources.values()) == [(0, 0), (0, 1)]
-    candidate = render_cpu(plan_graph(build_graph(cap)), dict(DEFAULT_KNOBS), source)
+    candidate = render_default(plan_graph(build_graph(cap)), "cpu", "strict", source)
     assert "int(self._kf_init[0][0])" in candidate and "int(self._kf_init[0][1])" in candidate
 
 
@@ -233,7 +233,7 @@ def get_inputs():
 def get_init_inputs():
     return []
 '''
-    from kforge.agents.expert.graph import UnsupportedError
+    from kforge.agents.expert.errors import UnsupportedError
 
     with pytest.raises(UnsupportedError, match="not a single number"):
         build_graph(capture_problem(source))

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 
-from kforge.agents.expert.codegen.cpu.render import render_cpu
+from kforge.agents.expert.codegen.backend import render_default
 from kforge.agents.expert.plan.planner import plan_problem
 from kforge.platforms import cpu_runtime
 from kforge.problems import load_problem, reference_case
@@ -72,7 +72,7 @@ def candidates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for name in CASES:
         try:
             src = _ci_source(ROOT / f"{name}.py")
-            sources[name] = render_cpu(plan_problem(src), {}, src)
+            sources[name] = render_default(plan_problem(src), "cpu", "strict", src)
         except Exception as err:  # noqa: BLE001 - reported by the test of that problem
             sources[name] = err
     # C++ extracted here, not in the threads: CPython 3.11's ast.parse keeps its recursion depth
@@ -121,7 +121,7 @@ def test_shape_guard_refuses_a_size_the_program_fixed() -> None:
     tensor of another shape is a clear error, never a kernel reading past a buffer."""
     import sympy
 
-    from kforge.agents.expert.codegen.cpu.render import shape_guard
+    from kforge.agents.expert.codegen.candidate import shape_guard
 
     program = plan_problem((ROOT / "starter/softmax_rows.py").read_text())
     (name,) = [n for n in program.placeholders if program.buffers[n].kind == "input"]

@@ -15,16 +15,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from kforge.agents.expert.codegen.triton.gemm import (
+from kforge.agents.expert.codegen.backend import render_default
+from kforge.agents.expert.codegen.triton.tiles import (
     ACC_REGS_LIMIT,
     acc_regs,
-    check_knobs,
+    at_step,
+    check,
     fit_registers,
-    step_knobs,
 )
-from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
 from kforge.agents.expert.plan.planner import plan_problem
+from kforge.agents.expert.plan.precision import STEPS
 from tests.test_expert_compiler import problem
+from tests.test_expert_helpers import gemm_knobs, triton_candidate
 
 K, N = 96, 40
 SMALL_W = problem(f"self.w = nn.Parameter(torch.randn({K}, {N}) * 1e-3)", "return x @ self.w",
@@ -53,12 +55,8 @@ def _rel_error(knobs_for: dict, tmp_path: Path) -> float:
     import json
 
     prog = plan_problem(SMALL_W)
-    knobs = default_knobs(prog, "strict")
-    for name, kv in knobs.items():
-        if "precision" in kv:
-            knobs[name] = check_knobs({**kv, **knobs_for}, "strict")
     cand, prob, runner = tmp_path / "cand.py", tmp_path / "prob.py", tmp_path / "run.py"
-    cand.write_text(render_triton(prog, knobs, "strict", SMALL_W))
+    cand.write_text(triton_candidate(prog, "strict", SMALL_W, **knobs_for))
     prob.write_text(SMALL_W)
     runner.write_text(RUNNER)
     proc = subprocess.run([sys.executable, str(runner), str(cand), str(prob), str(K)],
@@ -96,14 +94,13 @@ def test_fp16x3_keeps_a_small_weight_to_tf32x3_accuracy(b_regs: int, tmp_path: P
 
 
 def test_fp16_splits_fit_two_accumulators_in_registers() -> None:
-    wide = {"precision": "fp16x3", "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "num_warps": 8,
-            "num_stages": 3, "precast": 1, "GROUP_M": 8}
-    assert acc_regs(wide) == 256 and acc_regs({**wide, "precision": "bf16x3"}) == 128
+    wide = gemm_knobs(precision="fp16x3", BLOCK_N=256, BLOCK_K=32, b_regs=0, tma=0)
+    assert acc_regs(wide) == 256 and acc_regs(gemm_knobs(precision="bf16x3", BLOCK_N=256)) == 128
     fitted = fit_registers(wide)
-    assert (fitted["BLOCK_M"], fitted["BLOCK_N"]) == (128, 128) and acc_regs(fitted) <= ACC_REGS_LIMIT
-    assert fit_registers({**wide, "precision": "bf16x3"})["BLOCK_N"] == 256  # one accumulator: as it was
-    assert check_knobs(wide, "strict")["BLOCK_N"] == 128  # knobs from the analysis are fitted too
+    assert (fitted.BLOCK_M, fitted.BLOCK_N) == (128, 128) and acc_regs(fitted) <= ACC_REGS_LIMIT
+    assert fit_registers(gemm_knobs(precision="bf16x3", BLOCK_N=256)).BLOCK_N == 256  # one accumulator: as it was
+    assert check(wide, "strict").BLOCK_N == 128  # knobs from the analysis are fitted too
     for step in ("fp16x2", "fp16x3"):
-        assert acc_regs(step_knobs({"GROUP_M": 8, "precast": 1}, step, 1024, 8192)) <= ACC_REGS_LIMIT
-    source = render_triton(plan_problem(SMALL_W), default_knobs(plan_problem(SMALL_W), "strict"), "strict", SMALL_W)
+        assert acc_regs(at_step(gemm_knobs(), STEPS[step], 1024, 8192)) <= ACC_REGS_LIMIT
+    source = render_default(plan_problem(SMALL_W), "triton", "strict", SMALL_W)
     assert "acc_lo = tl.zeros_like(acc)" in source and "acc += acc_lo * (1.0 / 2048)" in source

@@ -46,3 +46,23 @@ def compare(problem: LoadedProblem, candidate: ModuleType, seed: int = 0) -> tup
     assert isinstance(got, torch.Tensor) and got.shape == expected.shape and got.dtype == expected.dtype
     ok = bool(torch.allclose(got, expected, atol=1e-4, rtol=1e-4)) and bool(torch.isfinite(got).all())
     return ok, float((got - expected).abs().max()) if got.numel() else 0.0
+
+
+def triton_candidate(program: Any, policy: str, source: str, **gemm: Any) -> str:
+    """The Triton candidate of ``program`` with round 0's knobs, ``gemm`` applied to every
+    GEMM's knobs (then fitted, as every round's knobs are)."""
+    from kforge.agents.expert.codegen.backend import get_backend
+    from kforge.agents.expert.plan.knobs import TritonGemm
+
+    triton = get_backend("triton")
+    knobs = triton.default_knobs(program, policy).with_params(TritonGemm, gemm)
+    return triton.render(program, triton.fit(program, knobs, policy), policy, source)
+
+
+def gemm_knobs(**fields: Any) -> Any:
+    """A Triton GEMM knob record: fp16x3's 128 x 128 x 64 tiles unless ``fields`` say otherwise."""
+    from kforge.agents.expert.plan.knobs import TritonGemm
+
+    base = dict(GROUP_M=8, precast=1, precision="fp16x3", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8,
+                num_stages=3, b_regs=1, tma=1)
+    return TritonGemm(**{**base, **fields})

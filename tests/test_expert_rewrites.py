@@ -30,10 +30,10 @@ SHARED = ROOT.parent / "shared" / "kernelbench"
 
 def _cpu_candidate(source: str, tmp_path: Path, name: str = "cand") -> object:
     """The CPU backend's candidate for ``source``, imported (its C++ built on first use)."""
-    from kforge.agents.expert.codegen.cpu.render import DEFAULT_KNOBS, render_cpu
+    from kforge.agents.expert.codegen.backend import render_default
 
     path = tmp_path / f"{name}.py"
-    path.write_text(render_cpu(plan_problem(source), dict(DEFAULT_KNOBS), source))
+    path.write_text(render_default(plan_problem(source), "cpu", "strict", source))
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
@@ -112,7 +112,7 @@ def test_sum_over_linear_outputs_is_a_gemv_with_the_summed_weight():
 def test_analysis_acts_on_the_rewritten_problem_s_largest_kernel():
     """After sum_through_linear the GEMM is gone: the dominant kernel is the one with the most
     work (the weight's column sum, N x K), not the first row kernel (the bias's sum, N)."""
-    from kforge.agents.expert.plan.rounds import dominant, kernel_work
+    from kforge.agents.expert.plan.record import dominant, kernel_work
 
     src = problem(LINEAR, "return torch.tanh(self.linear(x).mean(dim=1, keepdim=True))",
                   "[torch.randn(16, 32)]", "[32, 24]")
@@ -166,14 +166,14 @@ def test_gemv_and_skinny_matmuls_are_row_reductions(tmp_path: Path):
 
 
 def test_rewritten_candidate_under_the_triton_interpreter(tmp_path: Path):
-    from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
+    from kforge.agents.expert.codegen.backend import render_default
 
     src = problem(LINEAR, "return torch.tanh(self.linear(x).mean(dim=1, keepdim=True) * 2.0)",
                   "[torch.randn(8, 32)]", "[32, 24]")
     prog = plan_problem(src)
     assert "sum_through_linear" in prog.rewrites
     cand, prob, runner = tmp_path / "cand.py", tmp_path / "prob.py", tmp_path / "run.py"
-    cand.write_text(render_triton(prog, default_knobs(prog, "strict"), "strict", src))
+    cand.write_text(render_default(prog, "triton", "strict", src))
     prob.write_text(src)
     runner.write_text(RUNNER)
     proc = subprocess.run([sys.executable, str(runner), str(cand), str(prob), "[32, 24]", "[(8, 32), (13, 32)]"],

@@ -12,15 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from kforge.agents.expert.codegen.triton.gemm import (
-    PlanError,
-    check_knobs,
-    gemm_smem_bytes,
-    step_knobs,
-)
-from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
+from kforge.agents.expert.codegen.backend import get_backend, render_default
+from kforge.agents.expert.codegen.triton.tiles import at_step, gemm_smem_bytes
+from kforge.agents.expert.errors import PlanError
+from kforge.agents.expert.plan.knobs import TritonGemm
 from kforge.agents.expert.plan.planner import plan_problem
+from kforge.agents.expert.plan.precision import STEPS
 from tests.test_expert_compiler import LINEAR, problem
+from tests.test_expert_helpers import triton_candidate
 
 GEMM = problem(LINEAR, "return torch.relu(self.linear(x)) * 0.5", "[torch.randn(8, 48)]", "[48, 40]")
 BMM = problem("", "return torch.bmm(x, x.transpose(1, 2)) * 0.25", "[torch.randn(2, 24, 40)]")
@@ -64,12 +63,8 @@ def _margin(source: str, knobs_for: dict, tmp_path: Path, init: list, shapes: li
     import json
 
     prog = plan_problem(source)
-    knobs = default_knobs(prog, "relaxed")
-    for name, kv in knobs.items():
-        if "precision" in kv:
-            knobs[name] = check_knobs({**kv, **knobs_for}, "relaxed")
     cand, prob, runner = tmp_path / "cand.py", tmp_path / "prob.py", tmp_path / "run.py"
-    cand.write_text(render_triton(prog, knobs, "relaxed", source))
+    cand.write_text(triton_candidate(prog, "relaxed", source, **knobs_for))
     prob.write_text(source)
     runner.write_text(RUNNER)
     proc = subprocess.run([sys.executable, str(runner), str(cand), str(prob), json.dumps(init), json.dumps(shapes),
@@ -81,21 +76,22 @@ def _margin(source: str, knobs_for: dict, tmp_path: Path, init: list, shapes: li
 
 def test_relaxed_default_is_fp16_with_the_weight_rounded_in_registers() -> None:
     prog = plan_problem(GEMM)
-    knobs = next(kv for kv in default_knobs(prog, "relaxed").values() if "precision" in kv)
-    assert knobs["precision"] == "fp16" and knobs["b_regs"] == 1 and knobs["precast"] == 1
-    source = render_triton(prog, default_knobs(prog, "relaxed"), "relaxed", GEMM)
+    triton = get_backend("triton")
+    knobs = next(kv for kv in triton.default_knobs(prog, "relaxed").kernels.values() if isinstance(kv, TritonGemm))
+    assert knobs.precision == "fp16" and knobs.b_regs == 1 and knobs.precast == 1
+    source = render_default(prog, "triton", "relaxed", GEMM)
     assert source.count("= _kf_precast(") == 1  # only A takes a pass of its own
     assert "acc = tl.trans(acc)" in source
     # bf16x3 leaves the registers path (both operands precast); fp16x3 keeps it (faster on the H100)
-    assert step_knobs(knobs, "bf16x3", 1024, 8192)["b_regs"] == 0
-    up = step_knobs(knobs, "fp16x3", 1024, 8192)
-    assert up["b_regs"] == 1 and up["precast"] == 1
-    strict = next(kv for kv in default_knobs(prog, "strict").values() if "precision" in kv)
-    assert strict["precision"] == "fp16x3" and strict["b_regs"] == 1
+    assert at_step(knobs, STEPS["bf16x3"], 1024, 8192).b_regs == 0
+    up = at_step(knobs, STEPS["fp16x3"], 1024, 8192)
+    assert up.b_regs == 1 and up.precast == 1
+    strict = next(kv for kv in triton.default_knobs(prog, "strict").kernels.values() if isinstance(kv, TritonGemm))
+    assert strict.precision == "fp16x3" and strict.b_regs == 1
     # B held as fp32 in shared memory: 4 bytes an element in the pipeline's budget
-    assert gemm_smem_bytes({**knobs, "b_regs": 1}) > gemm_smem_bytes({**knobs, "b_regs": 0})
+    assert gemm_smem_bytes(knobs.with_params({"b_regs": 1})[0]) > gemm_smem_bytes(knobs.with_params({"b_regs": 0})[0])
     with pytest.raises(PlanError, match="b_regs"):
-        check_knobs({**knobs, "b_regs": 2}, "relaxed")
+        knobs.with_params({"b_regs": 2})
 
 
 @pytest.mark.parametrize("precision", ["bf16", "bf16x2", "bf16x3", "fp16", "fp16x2", "fp16x3"])

@@ -1,4 +1,4 @@
-"""The Triton backend's ``cuda_graph`` knob (kforge/agents/expert/triton_graph.py): which
+"""The Triton backend's ``cuda_graph`` knob (kforge/agents/expert/codegen/triton/graph.py): which
 programs get it, and what the rendered candidate looks like. The replay itself needs a GPU:
 tests/platforms/test_gpu_graph.py runs it on the H200."""
 
@@ -10,13 +10,18 @@ import pytest
 
 from kforge.agents.expert.analysis import recommend
 from kforge.agents.expert.analysis.triton import host_gap_ms
+from kforge.agents.expert.codegen.backend import get_backend, render_default
 from kforge.agents.expert.codegen.triton.graph import graphable, writes_state
-from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
+from kforge.agents.expert.plan.knobs import TritonProgram
 from kforge.agents.expert.plan.planner import plan_problem
+from kforge.agents.expert.plan.rounds import apply_action
 from kforge.schema import AnalysisRequest, KernelStat, Profile, Timing
 from kforge.verifier.checks import static_check
 
 from .test_expert_compiler import LINEAR, problem
+from .test_expert_helpers import gemm_knobs
+
+TRITON = get_backend("triton")
 
 GEMM = problem(LINEAR, "return torch.sigmoid(self.linear(x)) * 1.5", "[torch.randn(64, 96)]", "[96, 80]")
 BATCHNORM = problem("self.bn = nn.BatchNorm1d(args[0])", "return torch.tanh(self.bn(x))", "[torch.randn(8, 16)]", "[16]")
@@ -24,11 +29,11 @@ BATCHNORM = problem("self.bn = nn.BatchNorm1d(args[0])", "return torch.tanh(self
 
 def test_the_knob_starts_on_and_renders_a_replaying_forward() -> None:
     prog = plan_problem(GEMM)
-    knobs = default_knobs(prog, "relaxed")
-    assert [kv.get("cuda_graph") for kv in knobs.values()] == [1]  # on from round 0
-    off = {name: {**kv, "cuda_graph": 0} for name, kv in knobs.items()}
-    assert "_kf_graphed" not in render_triton(prog, off, "relaxed", GEMM)
-    src = render_triton(prog, knobs, "relaxed", GEMM)
+    knobs = TRITON.default_knobs(prog, "relaxed")
+    assert knobs.program == TritonProgram(cuda_graph=1, graphable=True)  # on from round 0
+    off = knobs.with_program(TritonProgram(cuda_graph=0, graphable=True))
+    assert "_kf_graphed" not in TRITON.render(prog, off, "relaxed", GEMM)
+    src = TRITON.render(prog, knobs, "relaxed", GEMM)
     assert "def forward(self, *args):\n        return _kf_graphed(self, self._kf_forward, args)" in src
     assert src.count("def _kf_forward(self, x0):") == 1
     # every call still runs every kernel: the wrapper keys graphs on buffers, never on values
@@ -44,10 +49,11 @@ def test_a_program_that_writes_module_state_stays_eager() -> None:
     # run at capture only, so the program never gets the knob, even when asked for it
     prog = plan_problem(BATCHNORM)
     assert writes_state(prog) and not graphable(prog)
-    knobs = default_knobs(prog, "strict")
-    assert not any(kv.get("cuda_graph") for kv in knobs.values())
-    forced = {name: {**kv, "cuda_graph": 1} for name, kv in knobs.items()}
-    assert "_kf_graphed" not in render_triton(prog, forced, "strict", BATCHNORM)
+    knobs = TRITON.default_knobs(prog, "strict")
+    assert knobs.program == TritonProgram(cuda_graph=0, graphable=False) and knobs.program_json() == {}
+    forced, notes = apply_action(knobs, "k0", "graph", {"cuda_graph": 1})
+    assert forced == knobs and "is no knob" in notes[0]
+    assert "_kf_graphed" not in TRITON.render(prog, forced, "strict", BATCHNORM)
 
 
 def test_a_python_scalar_input_stays_eager() -> None:
@@ -57,7 +63,7 @@ def test_a_python_scalar_input_stays_eager() -> None:
         "return [torch.randn(64, 96)]", "return [torch.randn(64, 96), 1.5]")
     prog = plan_problem(src)
     assert not graphable(prog)
-    assert "_kf_graphed" not in render_triton(prog, default_knobs(prog, "strict"), "strict", src)
+    assert "_kf_graphed" not in render_default(prog, "triton", "strict", src)
 
 
 def _profile(ms: float, kernel_us: list[float], calls: int = 3) -> Profile:
@@ -67,12 +73,16 @@ def _profile(ms: float, kernel_us: list[float], calls: int = 3) -> Profile:
                    flops=2.0 * 1024 * 8192 * 8192, min_bytes=4.0 * (2 * 1024 * 8192 + 8192 * 8192))
 
 
+def gemm_plan(knobs: Any, graph_knob: int | None = 1) -> dict[str, Any]:
+    """An expert plan of one GEMM kernel ``k0`` with these knobs (1024 x 8192 x 8192)."""
+    return {"platform": "triton", "compiler": "fusion-v2", "kernels": [{"name": "k0", "kind": "gemm", "stores": 1}],
+            "knobs": {"k0": knobs.to_json()}, "program_knobs": {} if graph_knob is None else {"cuda_graph": graph_knob},
+            "precision": knobs.precision, "dominant": "k0",
+            "graph": {"pattern": {"kind": "gemm", "m": 1024, "n": 8192, "k": 8192}}}
+
+
 def _advice(profile: Profile, graph_knob: int | None) -> Any:
-    plan = {"kernels": [{"name": "k0", "kind": "gemm"}], "knobs": {"k0": {"precision": "bf16", "precast": 1}},
-            "precision": "bf16", "precast": 1, "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64,
-            "num_warps": 8, "num_stages": 4}
-    if graph_knob is not None:
-        plan["cuda_graph"] = graph_knob
+    plan = gemm_plan(gemm_knobs(precision="bf16", BLOCK_N=256, num_stages=4, b_regs=0, tma=0), graph_knob)
     return recommend(AnalysisRequest(problem_name="p", platform="triton", policy="relaxed",
                                      candidate_source="", profile=profile, plan=plan))
 
@@ -105,11 +115,9 @@ def test_operator_rows_do_not_count_their_kernels_twice() -> None:
 
 
 def test_the_graph_action_reaches_the_next_rounds_knobs() -> None:
-    from kforge.agents.expert.plan.rounds import apply_params
-
-    knobs = default_knobs(plan_problem(GEMM), "relaxed")
-    (name, kv), = knobs.items()
-    assert apply_params(kv, {"cuda_graph": 1})["cuda_graph"] == 1
+    knobs = TRITON.default_knobs(plan_problem(GEMM), "relaxed").with_program(TritonProgram(0, graphable=True))
+    on, notes = apply_action(knobs, "k0", "graph", {"cuda_graph": 1})
+    assert on.program == TritonProgram(1, graphable=True) and notes == ["program: graph {'cuda_graph': 1}"]
 
 
 def test_a_graph_that_leaves_the_gpu_idle_is_turned_off() -> None:
@@ -153,8 +161,7 @@ def test_a_replayed_graph_stays_on_despite_the_hosts_share_of_the_call() -> None
 def test_the_fuse_advice_counts_kernels_not_operator_rows() -> None:
     """001's table (graph on, A precast, the weight rounded in registers) is the three kernels
     the plan makes: no advice to fuse; an unplanned fourth kernel is one."""
-    plan = {"kernels": [{"name": "k0", "kind": "gemm"}], "cuda_graph": 1, "precision": "fp16",
-            "knobs": {"k0": {"precision": "fp16", "precast": 1, "b_regs": 1}}}
+    plan = gemm_plan(gemm_knobs(precision="fp16", BLOCK_M=256, b_regs=1))
     rows = {"k0": 293.55, "aten::clone": 20.55, "aten::copy_": 20.55, "Memcpy DtoD (Device -> Device)": 20.55,
             "_kf_precast_kernel": 17.09}
     timing = Timing(median_ms=0.35, mean_ms=0.35, cv=0.01, reps=30, min_ms=0.35)
@@ -177,19 +184,17 @@ def test_no_advice_for_a_pipeline_that_cannot_fit() -> None:
     256 KB of shared memory, the fitting takes it back to three, and the next round would be the
     same kernel; the analysis says so instead of advising it. Half the stages' bytes (BLOCK_K
     32) and the fourth stage is advised."""
-    kv = {"GROUP_M": 8, "precast": 1, "precision": "fp16", "BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64,
-          "num_warps": 8, "num_stages": 3, "b_regs": 1, "cuda_graph": 1}
+    kv = gemm_knobs(precision="fp16", BLOCK_M=256, BLOCK_N=128, BLOCK_K=64, num_stages=3, b_regs=1)
     table = {"k0": 293.55, "Memcpy DtoD (Device -> Device)": 20.55, "_kf_precast_kernel": 17.09}
     timing = Timing(median_ms=0.4195, mean_ms=0.4195, cv=0.01, reps=30, min_ms=0.4195)
     profile = Profile(ok=True, device="cuda", candidate=timing, eager=timing.model_copy(update={"median_ms": 2.85}),
                       kernels=[KernelStat(name=n, calls=3, total_us=us * 3) for n, us in table.items()],
                       flops=2.0 * 1024 * 8192 * 8192, min_bytes=4.0 * (2 * 1024 * 8192 + 8192 * 8192))
 
-    def advice(knobs: dict[str, Any]) -> Any:
-        plan = {"kernels": [{"name": "k0", "kind": "gemm"}], "knobs": {"k0": knobs}, **knobs}
+    def advice(knobs: Any) -> Any:
         return recommend(AnalysisRequest(problem_name="p", platform="triton", policy="relaxed",
-                                         candidate_source="", profile=profile, plan=plan))
+                                         candidate_source="", profile=profile, plan=gemm_plan(knobs)))
 
     full = advice(kv)
     assert full.actions == [] and "no knob change left that fits" in full.summary
-    assert [a.params for a in advice({**kv, "BLOCK_K": 32}).actions] == [{"num_stages": 4}]
+    assert [a.params for a in advice(kv.with_params({"BLOCK_K": 32})[0]).actions] == [{"num_stages": 4}]

@@ -17,10 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from kforge.agents.expert.codegen.triton.gemm import PlanError, check_knobs
-from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
+from kforge.agents.expert.codegen.backend import get_backend, render_default
+from kforge.agents.expert.errors import PlanError
+from kforge.agents.expert.plan.knobs import TritonGemm
 from kforge.agents.expert.plan.planner import plan_problem
 from tests.test_expert_compiler import LINEAR, problem
+from tests.test_expert_helpers import triton_candidate
 from tests.test_expert_triton_bregs import LOAD
 
 RUNNER = LOAD + """
@@ -44,12 +46,8 @@ print(json.dumps({"margin": margin, "made": made, "out": got.flatten()[:64].toli
 
 def _run(source: str, tma: int, tmp_path: Path, init: list, shape: list) -> dict:
     prog = plan_problem(source)
-    knobs = default_knobs(prog, "relaxed")
-    for name, kv in knobs.items():
-        if "precision" in kv:
-            knobs[name] = check_knobs({**kv, "tma": tma}, "relaxed")
     cand, prob, runner = tmp_path / f"cand{tma}.py", tmp_path / "prob.py", tmp_path / "run.py"
-    cand.write_text(render_triton(prog, knobs, "relaxed", source))
+    cand.write_text(triton_candidate(prog, "relaxed", source, tma=tma))
     prob.write_text(source)
     runner.write_text(RUNNER)
     proc = subprocess.run([sys.executable, str(runner), str(cand), str(prob), json.dumps(init), json.dumps(shape)],
@@ -86,11 +84,11 @@ def test_an_operand_tma_cannot_read_runs_the_pointer_loads(tmp_path: Path) -> No
 def test_the_knob_is_on_with_the_registers_path_and_checked() -> None:
     source = problem(LINEAR, "return self.linear(x)", "[torch.randn(8, 48)]", "[48, 40]")
     prog = plan_problem(source)
-    knobs = next(kv for kv in default_knobs(prog, "relaxed").values() if "precision" in kv)
-    assert knobs["tma"] == 1 and knobs["b_regs"] == 1
-    rendered = render_triton(prog, default_knobs(prog, "relaxed"), "relaxed", source)
+    knobs = next(kv for kv in get_backend("triton").default_knobs(prog, "relaxed").kernels.values()
+                 if isinstance(kv, TritonGemm))
+    assert knobs.tma == 1 and knobs.b_regs == 1
+    rendered = render_default(prog, "triton", "relaxed", source)
     assert "TMA: tl.constexpr" in rendered and "b_desc.load(" in rendered
-    off = {name: ({**kv, "tma": 0} if "precision" in kv else kv) for name, kv in default_knobs(prog, "relaxed").items()}
-    assert "= _kf_tma(" not in render_triton(prog, off, "relaxed", source)
+    assert "= _kf_tma(" not in triton_candidate(prog, "relaxed", source, tma=0)
     with pytest.raises(PlanError, match="tma"):
-        check_knobs({**knobs, "tma": 2}, "relaxed")
+        knobs.with_params({"tma": 2})

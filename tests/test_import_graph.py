@@ -20,12 +20,6 @@ PACKAGE = ROOT / "kforge"
 KNOWN: set[frozenset[str]] = {
     frozenset({"kforge.verifier.candidate_run", "kforge.verifier.gpu_compare", "kforge.verifier.timed_worker",
                "kforge.verifier.worker"}),  # kforge/verifier/: cut by its owner
-    # issue 31's restructure of kforge/agents/expert/ cuts these
-    frozenset({"kforge.agents.expert.fx_lower", "kforge.agents.expert.graph"}),
-    frozenset({"kforge.agents.expert.codegen.triton.gemm", "kforge.agents.expert.codegen.triton.render",
-               "kforge.agents.expert.plan.rounds"}),
-    frozenset({"kforge.agents.expert.ir.aten", "kforge.agents.expert.ir.graph", "kforge.agents.expert.ir.inplace",
-               "kforge.agents.expert.ir.rewrites"}),
 }
 
 

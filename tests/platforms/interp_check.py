@@ -73,18 +73,23 @@ def check_files(problem_path: Path, solution_path: Path) -> dict[str, Any]:
 
 
 def check_generated(
-    name: str, policy: str, plan: dict[str, Any], sizes: dict[str, int]
+    name: str, policy: str, params: dict[str, Any], sizes: dict[str, int]
 ) -> dict[str, Any]:
-    from kforge.agents.expert.fx_lower import lower_module
-    from kforge.agents.expert.triton_codegen import generate_triton
+    """The expert's Triton candidate of a starter problem, round 0's knobs with ``params``
+    applied to its dominant kernel (as an analysis action is), against the reference."""
+    from kforge.agents.expert.codegen.backend import get_backend
+    from kforge.agents.expert.plan.planner import plan_problem
+    from kforge.agents.expert.plan.record import dominant
+    from kforge.agents.expert.plan.rounds import apply_action
     from kforge.problems import load_problem
 
     problem = load_problem(
         ROOT / "problems" / "starter" / f"{name}.py", preset="ci", sizes=sizes or None
     )
-    with torch.device("meta"):
-        ir = lower_module(problem.Model(*problem.get_init_inputs()), problem.get_inputs())
-    source = generate_triton(ir, plan, policy, problem.source)
+    program = plan_problem(problem.source)
+    triton = get_backend("triton")
+    knobs, _ = apply_action(triton.default_knobs(program, policy), dominant(program), "test", params)
+    source = triton.render(program, triton.fit(program, knobs, policy), policy, problem.source)
     folder = Path(tempfile.mkdtemp())
     (folder / "cand.py").write_text(source)
     module = load_file(folder / "cand.py", f"kf_gen_{name}")

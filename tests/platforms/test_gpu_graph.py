@@ -23,14 +23,11 @@ PROBLEM = ROOT / "problems" / "level2" / "001_gemm_swish_scale.py"
 
 def _candidate(tmp_path: Path, policy: str) -> Any:
     """The expert's round-0 candidate with the knob on (as the analysis turns it on)."""
-    from kforge.agents.expert.codegen.triton.render import default_knobs, render_triton
+    from kforge.agents.expert.codegen.backend import render_default
     from kforge.agents.expert.plan.planner import plan_problem
 
     source = PROBLEM.read_text()
-    prog = plan_problem(source)
-    knobs = {name: {**kv, "cuda_graph": 1} if "cuda_graph" in kv else kv
-             for name, kv in default_knobs(prog, policy).items()}
-    text = render_triton(prog, knobs, policy, source)
+    text = render_default(plan_problem(source), "triton", policy, source)  # the knob is on from round 0
     assert "_kf_graphed" in text
     path = tmp_path / f"cand_{policy}.py"
     path.write_text(text)

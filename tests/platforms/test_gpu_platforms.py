@@ -134,14 +134,18 @@ def test_cuda_concurrent_builds_do_not_collide(tmp_path: Path) -> None:
 def test_generated_triton_on_gpu(
     name: str, policy: str, plan: dict[str, Any], tmp_path: Path
 ) -> None:
-    from kforge.agents.expert.fx_lower import lower_module
-    from kforge.agents.expert.triton_codegen import generate_triton
+    from kforge.agents.expert.codegen.backend import get_backend
+    from kforge.agents.expert.plan.planner import plan_problem
+    from kforge.agents.expert.plan.record import dominant
+    from kforge.agents.expert.plan.rounds import apply_action
     from kforge.problems import load_problem
 
     problem = load_problem(ROOT / "problems" / "starter" / f"{name}.py", preset="ci")
-    with torch.device("meta"):
-        ir = lower_module(problem.Model(*problem.get_init_inputs()), problem.get_inputs())
-    (tmp_path / "cand.py").write_text(generate_triton(ir, plan, policy))
+    program = plan_problem(problem.source)
+    triton = get_backend("triton")
+    knobs, _ = apply_action(triton.default_knobs(program, policy), dominant(program), "test", plan)
+    source = triton.render(program, triton.fit(program, knobs, policy), policy, problem.source)
+    (tmp_path / "cand.py").write_text(source)
     module = load_file(tmp_path / "cand.py", f"gen_{name}_{policy}")
     torch.manual_seed(0)
     ref = problem.Model(*problem.get_init_inputs()).cuda()

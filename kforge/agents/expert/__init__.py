@@ -1,9 +1,14 @@
 """The embedded ``expert`` agent: deterministic, rule-based generation and analysis.
 
-A small fusion compiler (docs/EXPERT.md): ``capture`` -> ``ir`` -> ``planner`` (``lower``,
-``kernels``) -> ``compiler`` (knobs per round) -> ``triton_render`` / ``cpu_render``; the
-``cuda`` platform keeps the earlier pattern matcher (``graph``, ``fx_lower``, ``cuda_*``).
-``analysis`` reads profiles and recommends the actions the next round applies.
+A small fusion compiler (docs/EXPERT.md), one subpackage a pass::
+
+    capture/   the problem's Model traced by make_fx, sizes symbolic
+    ir/        the op-graph IR over one op table (ir/ops.py), ATen handlers, rewrites
+    plan/      the fusion planner, index lowering, kernels, knobs, the precision ladder, rounds
+    codegen/   one Backend protocol (codegen/backend.py): triton/, cpu/, cuda/
+    analysis/  profile -> the next round's knob changes, per backend
+
+``errors.py`` holds the error types every pass raises.
 """
 
 from __future__ import annotations

@@ -4,6 +4,18 @@
 
 from __future__ import annotations
 
-from kforge.agents.expert.codegen.cpu.render import DEFAULT_KNOBS, render_cpu
+from collections.abc import Mapping
+from typing import Any
+
+from kforge.agents.expert.codegen.cpu.render import render_cpu as _render
+from kforge.agents.expert.plan.kernels import Program
+from kforge.agents.expert.plan.knobs import CpuKnobs
+
+DEFAULT_KNOBS: Mapping[str, Any] = CpuKnobs().to_json()
+
+
+def render_cpu(program: Program, knobs: Mapping[str, Any], problem_source: str) -> str:
+    return _render(program, CpuKnobs.from_json(knobs, CpuKnobs()), problem_source)
+
 
 __all__ = ["DEFAULT_KNOBS", "render_cpu"]

@@ -1,48 +1,26 @@
-"""Performance analysis for CPU candidates of the fusion compiler (``compiler: fusion-v2``).
+"""Performance analysis for CPU candidates of the fusion compiler.
 
-Reads the profile against the host's measured peaks (roofline position, intensity), names
-the bottleneck, and proposes knob changes for the dominant kernel only where its knobs still
-have room (threads, vectorisation, GEMM blocking). Every action's ``params`` are knob names
-of :mod:`.cpu_render`, applied by :func:`.compiler.round_knobs` in the next round.
+Reads the profile against the host's measured peaks (roofline position, intensity), names the
+bottleneck, and proposes changes to the program's knobs (:class:`~kforge.agents.expert.plan.
+knobs.CpuKnobs`, one set for every kernel) where they still have room: a compute-bound GEMM
+below the roof gets larger cache blocks (``mc``, then ``kc``, up to 1024).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from kforge.schema import Action, AnalysisRequest, Profile, Recommendation
+from kforge.agents.expert.analysis.evidence import evidence
+from kforge.agents.expert.plan.knobs import CpuKnobs, ProgramKnobs
+from kforge.agents.expert.plan.record import ExpertPlan
+from kforge.schema import Action, AnalysisRequest, Recommendation
 
 NEAR_ROOFLINE = 0.6
+BLOCK_MAX = 1024
 
 
-def evidence(profile: Profile) -> dict[str, float]:
-    ev: dict[str, float] = {}
-    if profile.candidate is not None:
-        ev["median_ms"] = profile.candidate.median_ms
-        ev["cv"] = profile.candidate.cv
-    if profile.eager is not None:
-        ev["eager_ms"] = profile.eager.median_ms
-    if profile.peak_gbps > 0:
-        ev["bw_util"] = profile.achieved_gbps / profile.peak_gbps
-    if profile.peak_gflops > 0:
-        ev["flop_util"] = profile.achieved_gflops / profile.peak_gflops
-    if profile.roofline_ms > 0 and profile.candidate is not None and profile.candidate.median_ms > 0:
-        ev["roofline_frac"] = profile.roofline_ms / profile.candidate.median_ms
-    ours = [k for k in profile.kernels if k.name.startswith("kforge::")]
-    ev["kforge_kernels"] = float(len(ours))
-    if profile.flops > 0 and profile.min_bytes > 0:
-        ev["intensity_flop_per_byte"] = profile.flops / profile.min_bytes
-    if profile.peak_gflops > 0 and profile.peak_gbps > 0:
-        ev["ridge_flop_per_byte"] = profile.peak_gflops / profile.peak_gbps
-    return ev
-
-
-def recommend_compiled_cpu(request: AnalysisRequest) -> Recommendation:
-    profile = request.profile
-    ev = evidence(profile)
-    plan = request.plan
-    kind = (plan.get("graph") or {}).get("pattern", {}).get("kind", "elementwise")
-    knobs: dict[str, Any] = (plan.get("knobs") or {}).get(plan.get("dominant") or "", {})
+def recommend_cpu(request: AnalysisRequest, plan: ExpertPlan, knobs: ProgramKnobs) -> Recommendation:
+    ev = evidence(request.profile)
+    kind = plan.graph.pattern.kind
+    cpu = knobs.program if isinstance(knobs.program, CpuKnobs) else CpuKnobs()
     if "intensity_flop_per_byte" in ev and "ridge_flop_per_byte" in ev:
         bottleneck = "compute" if ev["intensity_flop_per_byte"] > ev["ridge_flop_per_byte"] else "memory"
     else:
@@ -50,16 +28,11 @@ def recommend_compiled_cpu(request: AnalysisRequest) -> Recommendation:
     actions: list[Action] = []
     frac = ev.get("roofline_frac", 0.0)
     nums = f"roofline fraction {frac:.2f}, {ev.get('median_ms', 0.0):.3f} ms"
-    if knobs.get("threads") is False:
-        actions.append(Action(kind="parallelize", params={"threads": True}, expected_gain=1.8,
-                              rationale=f"single-threaded kernel ({nums})"))
-    if knobs.get("simd") is False:
-        actions.append(Action(kind="vectorize", params={"simd": True}, expected_gain=1.5,
-                              rationale=f"scalar inner loops ({nums})"))
     if kind == "gemm" and bottleneck == "compute" and frac < NEAR_ROOFLINE:
-        for key, bigger in (("MC", 2), ("KC", 2)):
-            if isinstance(knobs.get(key), int) and knobs[key] * bigger <= 1024:
-                actions.append(Action(kind="tile", params={key: knobs[key] * bigger}, expected_gain=1.1,
+        for key in ("mc", "kc"):
+            value = getattr(cpu, key)
+            if value * 2 <= BLOCK_MAX:
+                actions.append(Action(kind="tile", params={key: value * 2}, expected_gain=1.1,
                                       rationale=f"GEMM below the compute roof: larger {key} ({nums})"))
                 break
     summary = (f"{bottleneck}-bound {kind} candidate at {frac:.0%} of the roofline; "

@@ -1,19 +1,18 @@
-"""The expert's performance analysis for CUDA C++ candidates: profile -> next plan change.
+"""The expert's performance analysis for CUDA candidates: profile -> next knob change.
 
-Places the candidate against the device's ceilings (measured peaks from the profile when
-present, else the H200's: ~60 TFLOP/s fp32 FMA, ~400 TFLOP/s TF32 tensor cores, ~4.3 TB/s)
-and proposes plan-key changes for :func:`kforge.agents.expert.cuda_codegen.generate_cuda`:
-the next round's plan is ``{**plan, **action.params}``. Precision never leaves the policy.
+Places the candidate against the device's ceilings (the precision table's peak of the dominant
+GEMM's step, the profile's measured bandwidth else the H200's ~4.3 TB/s) and proposes changes
+to the dominant kernel's knobs (:class:`~kforge.agents.expert.plan.knobs.CudaGemm`, ``CudaRow``,
+``CudaPointwise``). Precision never leaves the policy: a relaxed GEMM at ieee moves to tf32.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from kforge.agents.expert.analysis.triton import pattern_kind
+from kforge.agents.expert.plan.knobs import CudaGemm, CudaPointwise, CudaRow, CudaScan, ProgramKnobs
+from kforge.agents.expert.plan.precision import STEPS
+from kforge.agents.expert.plan.record import ExpertPlan
 from kforge.schema import Action, AnalysisRequest, Recommendation
 
-PEAK_GFLOPS = {"fp32": 60_000.0, "tf32": 400_000.0}
 PEAK_GBPS = 4_300.0
 LAUNCH_BOUND_MS = 0.02
 WELL_USED = 0.6
@@ -22,58 +21,55 @@ WELL_USED = 0.6
 def _rates(request: AnalysisRequest, precision: str) -> dict[str, float]:
     p = request.profile
     ms = p.candidate.median_ms if p.candidate else 0.0
-    peak_flops = PEAK_GFLOPS.get(precision, PEAK_GFLOPS["fp32"])
+    peak_flops = p.peak_gflops or STEPS[precision].peak_gflops
     peak_bw = p.peak_gbps or PEAK_GBPS
     gflops = p.flops / (ms * 1e6) if ms > 0 else 0.0
     gbps = p.min_bytes / (ms * 1e6) if ms > 0 else 0.0
-    return {
-        "candidate_ms": ms,
-        "achieved_gflops": gflops,
-        "achieved_gbps": gbps,
-        "compute_fraction": gflops / peak_flops if peak_flops else 0.0,
-        "bandwidth_fraction": gbps / peak_bw if peak_bw else 0.0,
-    }
+    return {"candidate_ms": ms, "achieved_gflops": gflops, "achieved_gbps": gbps,
+            "compute_fraction": gflops / peak_flops if peak_flops else 0.0,
+            "bandwidth_fraction": gbps / peak_bw if peak_bw else 0.0}
 
 
-def _gemm_actions(plan: dict[str, Any], policy: str, ev: dict[str, float]) -> list[Action]:
+def _gemm_actions(plan: ExpertPlan, gemm: CudaGemm, policy: str, ev: dict[str, float]) -> list[Action]:
     actions: list[Action] = []
-    if policy == "relaxed" and plan.get("precision") == "fp32":
-        actions.append(Action(kind="precision", params={"precision": "tf32"}, expected_gain=4.0,
+    if policy == "relaxed" and gemm.precision == "ieee" and "tf32" not in plan.failed_precisions:
+        actions.append(Action(kind="precision", params={"precision": "tf32", "block_k": 32}, expected_gain=4.0,
                               rationale=f"fp32 FMA at {ev['compute_fraction']:.0%} of its peak; the relaxed "
                                         "policy allows TF32 tensor cores with fp32 accumulation"))
-    if ev["compute_fraction"] < WELL_USED and plan.get("block_k", 32) < 32:
+    if ev["compute_fraction"] < WELL_USED and gemm.precision == "ieee" and gemm.block_k < 32:
         actions.append(Action(kind="tile", params={"block_k": 32}, expected_gain=1.15,
                               rationale="a deeper K tile halves the barriers per FLOP"))
     return actions
 
 
-def _memory_actions(plan: dict[str, Any], ev: dict[str, float]) -> list[Action]:
-    actions: list[Action] = []
+def _memory_actions(knobs: CudaPointwise | CudaRow | CudaScan, ev: dict[str, float]) -> list[Action]:
     if ev["bandwidth_fraction"] >= WELL_USED:
-        return actions
-    if plan.get("vector_width", 4) < 4:
-        actions.append(Action(kind="vectorize", params={"vector_width": 4}, expected_gain=1.3,
-                              rationale="float4 loads move four elements per instruction"))
-    block = int(plan.get("block_size", 256))
-    if block < 1024:
-        actions.append(Action(kind="block_size", params={"block_size": block * 2}, expected_gain=1.1,
-                              rationale=f"{ev['bandwidth_fraction']:.0%} of copy bandwidth: more threads "
-                                        "in flight per SM hide memory latency"))
-    return actions
+        return []
+    why = f"{ev['bandwidth_fraction']:.0%} of copy bandwidth: more threads in flight hide memory latency"
+    if isinstance(knobs, CudaRow):
+        if knobs.threads == 1 or knobs.threads >= 1024:
+            return []
+        wider = knobs.threads * 2
+        return [Action(kind="block_size", params={"threads": wider, "rows": max(1, min(knobs.rows, 1024 // wider))},
+                       expected_gain=1.1, rationale=why)]
+    if knobs.threads < 1024:
+        return [Action(kind="block_size", params={"threads": knobs.threads * 2}, expected_gain=1.1, rationale=why)]
+    return []
 
 
-def analyze_cuda(request: AnalysisRequest, plan: dict[str, Any]) -> Recommendation:
-    kind = pattern_kind(plan)
-    ev = _rates(request, str(plan.get("precision", "fp32")))
+def recommend_cuda(request: AnalysisRequest, plan: ExpertPlan, knobs: ProgramKnobs) -> Recommendation:
+    kind = plan.graph.pattern.kind
+    dom = knobs.kernels.get(plan.dominant or "")
+    ev = _rates(request, dom.precision if isinstance(dom, CudaGemm) else "ieee")
     if 0 < ev["candidate_ms"] < LAUNCH_BOUND_MS:
         return Recommendation(bottleneck="launch", evidence=ev,
                               summary="the kernel runs in launch-overhead time: nothing to tune")
-    if kind == "gemm":
-        actions = _gemm_actions(plan, request.policy, ev)
+    if isinstance(dom, CudaGemm):
+        actions = _gemm_actions(plan, dom, request.policy, ev)
         bottleneck = "compute"
         summary = f"GEMM at {ev['achieved_gflops']:.0f} GFLOP/s ({ev['compute_fraction']:.0%} of peak)"
     else:
-        actions = _memory_actions(plan, ev)
+        actions = _memory_actions(dom, ev) if dom is not None else []
         bottleneck = "memory"
         summary = f"{kind} at {ev['achieved_gbps']:.0f} GB/s ({ev['bandwidth_fraction']:.0%} of peak)"
     return Recommendation(bottleneck=bottleneck, evidence=ev, actions=actions[:3], summary=summary)

@@ -1,14 +1,14 @@
-"""The expert's performance analysis for Triton candidates: profile -> next plan change.
+"""The expert's performance analysis for Triton candidates: profile -> next knob change.
 
-Reads the GPU :class:`~kforge.schema.Profile` (candidate median time, the problem's FLOPs
-and minimum bytes, kernel table, ncu metrics in ``profile.extra`` when present), places the
-candidate against the device ceilings for the precision it used, and proposes at most three
-:class:`~kforge.schema.Action` s, best first. Every action's ``params`` are plan keys of
-:func:`kforge.agents.expert.triton_codegen.generate_triton`: the next round's plan is
-``{**plan, **action.params}``. Precision changes never leave the policy.
+Reads the GPU :class:`~kforge.schema.Profile` (candidate median time, the problem's FLOPs and
+minimum bytes, kernel table, ncu metrics in ``profile.extra`` when present), places the
+candidate against the device ceilings for the precision step its dominant kernel uses, and
+proposes at most three :class:`~kforge.schema.Action` s, best first. Every action's ``params``
+are knob names of the dominant kernel's record or the program's (``plan/knobs.py``), applied
+by ``plan/rounds.py`` in the next round. Precision changes never leave the policy.
 
-Device ceilings default to measured H200 numbers (ARCHITECTURE.md, device KINDS.md) and are
-overridden by ``profile.peak_gflops`` / ``profile.peak_gbps`` when the profiler measured them.
+Device ceilings are the H200's measured numbers (the precision table's peaks, below the copy
+bandwidth) unless ``profile.peak_gflops`` / ``profile.peak_gbps`` carry the profiler's own.
 """
 
 from __future__ import annotations
@@ -16,8 +16,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kforge.agents.expert.codegen.triton.gemm import fit_registers, fit_shared_memory
+from kforge.agents.expert.codegen.triton.tiles import fit_registers, fit_shared_memory
 from kforge.agents.expert.errors import PlanError
+from kforge.agents.expert.plan.knobs import (
+    ProgramKnobs,
+    TritonGemm,
+    TritonPointwise,
+    TritonProgram,
+    TritonRow,
+    TritonScan,
+)
+from kforge.agents.expert.plan.precision import STEPS
+from kforge.agents.expert.plan.record import ExpertPlan
 from kforge.schema import (
     GRAPH_LAUNCH_ROW,
     Action,
@@ -27,18 +37,6 @@ from kforge.schema import (
     Recommendation,
 )
 
-# Dense tensor/FMA rates (GFLOP/s) per precision mode on the H200, and copy bandwidth (GB/s).
-PEAK_GFLOPS = {
-    "ieee": 60_000.0,
-    "tf32x3": 400_000.0 / 3,
-    "tf32": 400_000.0,
-    "bf16": 790_000.0,
-    "bf16x2": 790_000.0 / 2,
-    "bf16x3": 790_000.0 / 3,
-    "fp16": 790_000.0,  # the same tensor-core rate as bf16
-    "fp16x2": 790_000.0 / 2,
-    "fp16x3": 790_000.0 / 3,
-}
 PEAK_GBPS = 4_300.0
 SM_COUNT = 132
 LAUNCH_BOUND_MS = 0.02
@@ -50,40 +48,18 @@ REGISTERS = "launch__registers_per_thread"
 SPILLS = "spilled_bytes"
 
 
-def pattern_kind(plan: dict[str, Any]) -> str:
-    """``gemm`` | ``row_reduction`` | ``elementwise`` from the plan's IR or its knobs."""
-    graph = plan.get("graph")
-    if isinstance(graph, dict):
-        kind = graph.get("pattern", {}).get("kind")
-        if isinstance(kind, str):
-            return kind
-    if "BLOCK_M" in plan:
-        return "gemm"
-    if "BLOCK_N" in plan:
-        return "row_reduction"
-    return "elementwise"
-
-
-def _gemm_shape(plan: dict[str, Any]) -> tuple[int, int, int] | None:
-    pattern = (plan.get("graph") or {}).get("pattern", {})
-    if all(k in pattern for k in ("m", "n", "k")):
-        return int(pattern["m"]), int(pattern["n"]), int(pattern["k"])
-    return None
-
-
-def _gemm_actions(
-    plan: dict[str, Any], policy: str, compute_frac: float, evidence: dict[str, float]
-) -> list[Action]:
+def _gemm_actions(plan: ExpertPlan, gemm: TritonGemm, policy: str, compute_frac: float,
+                  evidence: dict[str, float]) -> list[Action]:
     actions: list[Action] = []
-    precision = str(plan.get("precision", "tf32x3"))
-    failed = set(plan.get("failed_precisions") or [])  # the ladder never goes back to these
+    precision = gemm.precision
+    failed = set(plan.failed_precisions)  # the ladder never goes back to these
     if policy == "relaxed" and precision in ("ieee", "tf32x3", "tf32") and "fp16" not in failed:
         actions.append(
             Action(
                 kind="precision",
                 params={"precision": "fp16", "precast": 1, "b_regs": 1, "BLOCK_M": 256, "BLOCK_N": 128,
                         "BLOCK_K": 64, "num_stages": 3},
-                expected_gain=PEAK_GFLOPS["fp16"] / PEAK_GFLOPS[precision] * 0.6,
+                expected_gain=STEPS["fp16"].peak_gflops / STEPS[precision].peak_gflops * 0.6,
                 rationale="relaxed policy allows fp16 operands with fp32 accumulation: 2x the TF32 "
                 "tensor rate; if verification then fails on accuracy, use fp16x3 (hi/lo split)",
             )
@@ -99,11 +75,10 @@ def _gemm_actions(
         )
     if compute_frac >= NEAR_ROOFLINE:
         return actions
-    bm, bn = int(plan.get("BLOCK_M", 128)), int(plan.get("BLOCK_N", 128))
-    shape = _gemm_shape(plan)
-    if shape is not None:
-        m, n, _ = shape
-        tiles = math.ceil(m / bm) * math.ceil(n / bn)
+    bm, bn = gemm.BLOCK_M, gemm.BLOCK_N
+    pattern = plan.graph.pattern
+    if pattern.m is not None and pattern.n is not None:
+        tiles = math.ceil(pattern.m / bm) * math.ceil(pattern.n / bn)
         evidence["tiles"] = float(tiles)
         waves = tiles / SM_COUNT
         evidence["waves"] = waves
@@ -117,7 +92,7 @@ def _gemm_actions(
                 )
             )
             return actions
-    if precision == "tf32x3" or (precision in ("bf16x3", "fp16x3") and not plan.get("precast")):
+    if precision == "tf32x3" or (precision in ("bf16x3", "fp16x3") and not gemm.precast):
         # Split modes hold 2-3x the operand registers: on the H200 (benchmarks/results/
         # gemm_epilogue_h200.md) 128x256 tiles lost 25% to 128x128, and 128x64 with 4 warps won.
         if (bm, bn) != (128, 64):
@@ -138,18 +113,17 @@ def _gemm_actions(
                 rationale="a wider tile raises arithmetic intensity per byte of shared memory",
             )
         )
-    stages = int(plan.get("num_stages", 3))
-    if stages < 4:
+    if gemm.num_stages < 4:
         actions.append(
             Action(
                 kind="stages",
-                params={"num_stages": stages + 1},
+                params={"num_stages": gemm.num_stages + 1},
                 expected_gain=1.1,
                 rationale="deeper K-loop pipelining hides global-load latency",
             )
         )
     occupancy = evidence.get("occupancy_pct")
-    if occupancy is not None and occupancy < 25 and int(plan.get("num_warps", 8)) > 4:
+    if occupancy is not None and occupancy < 25 and gemm.num_warps > 4:
         actions.append(
             Action(
                 kind="warps",
@@ -158,62 +132,41 @@ def _gemm_actions(
                 rationale=f"achieved occupancy {occupancy:.0f}%: fewer warps per program, more programs per SM",
             )
         )
-    return [a for a in actions if a.kind == "precision" or _changes_tiles(plan, a.params)]
+    return [a for a in actions if a.kind == "precision" or _changes_tiles(gemm, a.params)]
 
 
 TILE_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
 
 
-def _changes_tiles(plan: dict[str, Any], params: dict[str, Any]) -> bool:
+def _changes_tiles(gemm: TritonGemm, params: dict[str, Any]) -> bool:
     """Does the action still change the GEMM's tiles once they are fitted to shared memory and
-    the accumulators' registers (what ``check_knobs`` does to the next round's knobs)? A deeper
-    pipeline that does not fit comes back as the same kernel: a round spent on nothing."""
-    if not all(k in plan for k in TILE_KEYS):
-        return True
+    the accumulators' registers (what the backend's ``fit`` does to the next round's knobs)?
+    A deeper pipeline that does not fit comes back as the same kernel: a round spent on nothing."""
     try:
-        fitted = fit_shared_memory(fit_registers({**plan, **params}))
+        fitted = fit_shared_memory(fit_registers(gemm.with_params(params)[0]))
     except PlanError:
         return False
-    return any(fitted[k] != plan[k] for k in TILE_KEYS)
+    return any(getattr(fitted, k) != getattr(gemm, k) for k in TILE_KEYS)
 
 
-def _memory_actions(
-    kind: str, plan: dict[str, Any], bw_frac: float, evidence: dict[str, float]
-) -> list[Action]:
+def _memory_actions(knobs: TritonPointwise | TritonRow | TritonScan, bw_frac: float) -> list[Action]:
     if bw_frac >= NEAR_ROOFLINE:
         return []
     actions: list[Action] = []
-    warps = int(plan.get("num_warps", 4))
-    if kind == "row_reduction":
-        pattern = (plan.get("graph") or {}).get("pattern", {})
-        cols = int(pattern.get("cols", 0))
-        block = int(plan.get("BLOCK_N", 1024))
-        if cols and block < cols and cols <= 32768:
-            full = 1 << (cols - 1).bit_length()
-            actions.append(
-                Action(
-                    kind="block_size",
-                    params={"BLOCK_N": full, "num_warps": min(32, max(warps, full // 512))},
-                    expected_gain=2.0,
-                    rationale="the row fits in one tile: read it once instead of once per pass",
-                )
+    if isinstance(knobs, TritonPointwise) and knobs.BLOCK < 8192:
+        actions.append(
+            Action(
+                kind="block_size",
+                params={"BLOCK": knobs.BLOCK * 2},
+                expected_gain=1.15,
+                rationale="more bytes in flight per program",
             )
-    else:
-        block = int(plan.get("BLOCK", 1024))
-        if block < 8192:
-            actions.append(
-                Action(
-                    kind="block_size",
-                    params={"BLOCK": block * 2},
-                    expected_gain=1.15,
-                    rationale="more bytes in flight per program",
-                )
-            )
-    if warps < 32:
+        )
+    if knobs.num_warps < 32:
         actions.append(
             Action(
                 kind="warps",
-                params={"num_warps": warps * 2},
+                params={"num_warps": knobs.num_warps * 2},
                 expected_gain=1.1,
                 rationale=f"{bw_frac:.0%} of copy bandwidth: more warps keep more loads in flight",
             )
@@ -261,19 +214,18 @@ def host_gap_ms(profile: Profile) -> float | None:
     return max(0.0, profile.candidate.median_ms - busy_ms)
 
 
-def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommendation:
+def recommend_triton(request: AnalysisRequest, plan: ExpertPlan, knobs: ProgramKnobs) -> Recommendation:
     """Recommend the next change for a profiled Triton candidate (see module docstring)."""
     profile = request.profile
-    if not profile.ok or profile.candidate is None:
-        return Recommendation(
-            bottleneck="unknown", summary=f"no usable profile ({profile.reason}): nothing to tune"
-        )
-    kind = pattern_kind(plan)
+    assert profile.candidate is not None  # analysis/__init__.py answers an unusable profile
+    kind = plan.graph.pattern.kind
+    dom = knobs.kernels.get(plan.dominant or "")
+    level = knobs.program if isinstance(knobs.program, TritonProgram) else TritonProgram()
     ms = profile.candidate.median_ms
-    precision = str(plan.get("precision", "tf32x3")) if kind == "gemm" else "ieee"
-    peak_gflops = profile.peak_gflops or PEAK_GFLOPS.get(precision, PEAK_GFLOPS["tf32x3"])
-    if kind == "gemm" and precision != "ieee" and not profile.peak_gflops:
-        peak_gflops = PEAK_GFLOPS[precision]
+    precision = dom.precision if isinstance(dom, TritonGemm) else "ieee"
+    peak_gflops = profile.peak_gflops or STEPS[precision].peak_gflops
+    if isinstance(dom, TritonGemm) and precision != "ieee" and not profile.peak_gflops:
+        peak_gflops = STEPS[precision].peak_gflops
     peak_gbps = profile.peak_gbps or PEAK_GBPS
     gflops = profile.achieved_gflops or (profile.flops / (ms * 1e6) if ms > 0 else 0.0)
     gbps = profile.achieved_gbps or (profile.min_bytes / (ms * 1e6) if ms > 0 else 0.0)
@@ -296,14 +248,11 @@ def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommenda
     )
     if baseline:
         evidence["speedup"] = baseline / ms
-    planned = plan.get("kernels")
-    if isinstance(planned, list) and planned:  # the compiler's plan: its kernels, plus the bf16 GEMMs' precasts
-        precasts = sum(1 if kv.get("b_regs") else 2 for kv in (plan.get("knobs") or {}).values()
-                       if isinstance(kv, dict) and kv.get("precast") and str(kv.get("precision", ""))[:4] in ("bf16", "fp16"))
-        expected_kernels = len(planned) + precasts
-    else:
-        expected_kernels = 3 if kind == "gemm" and plan.get("precast") else 1
-    if plan.get("cuda_graph") == 1 and profile.device == "cuda":  # a copy out of the graph's memory, at most
+    # the compiler's kernels, plus the 16-bit GEMMs' precasts (A only with b_regs)
+    precasts = sum(1 if kv.b_regs else 2 for kv in knobs.kernels.values()
+                   if isinstance(kv, TritonGemm) and kv.precast and STEPS[kv.precision].parts is not None)
+    expected_kernels = max(1, len(plan.kernels) + precasts)
+    if level.cuda_graph and profile.device == "cuda":  # a copy out of the graph's memory, at most
         expected_kernels += 1
     if len(kernels) > expected_kernels:
         return Recommendation(
@@ -323,7 +272,7 @@ def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommenda
     if gap is not None:
         evidence["host_gap_ms"] = gap
         idle = gap > max(HOST_GAP_MIN_MS, HOST_GAP_SHARE * ms)
-        if plan.get("cuda_graph") == 0 and idle:
+        if level.graphable and not level.cuda_graph and idle:
             return Recommendation(
                 bottleneck="launch",
                 evidence=evidence,
@@ -332,7 +281,7 @@ def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommenda
                                           "(Python launches, allocations): replay the launches from a CUDA graph")],
                 summary="host-side launch overhead leaves the GPU idle",
             )
-        if plan.get("cuda_graph") == 1 and idle and not replayed(profile):  # the graph never ran
+        if level.cuda_graph and idle and not replayed(profile):  # the graph never ran
             return Recommendation(
                 bottleneck="launch",
                 evidence=evidence,
@@ -348,20 +297,21 @@ def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommenda
             evidence=evidence,
             summary=f"{ms * 1000:.1f} us per call: launch latency dominates, knobs will not help",
         )
-    if kind == "gemm":
-        actions = _gemm_actions(plan, request.policy, compute_frac, evidence)
+    if isinstance(dom, TritonGemm):
+        actions = _gemm_actions(plan, dom, request.policy, compute_frac, evidence)
         bottleneck = "compute" if compute_frac >= bw_frac else "memory"
         where = f"{compute_frac:.0%} of the {precision} peak ({peak_gflops / 1000:.0f} TFLOP/s)"
     else:
-        actions = _memory_actions(kind, plan, bw_frac, evidence)
+        actions = _memory_actions(dom, bw_frac) if dom is not None else []
         bottleneck = "memory"
         where = f"{bw_frac:.0%} of copy bandwidth ({peak_gbps:.0f} GB/s)"
     if spills := evidence.get("spills"):
+        warps = dom.num_warps if dom is not None else 4
         actions.insert(
             0,
             Action(
                 kind="tile",
-                params={"num_warps": min(16, int(plan.get("num_warps", 4)) * 2)},
+                params={"num_warps": min(16, warps * 2)},
                 expected_gain=1.3,
                 rationale=f"{spills:.0f} bytes of register spills: spread the tile over more warps",
             ),
@@ -371,12 +321,3 @@ def analyze_triton(request: AnalysisRequest, plan: dict[str, Any]) -> Recommenda
     return Recommendation(
         bottleneck=bottleneck, evidence=evidence, actions=actions[:3], summary=summary
     )
-
-
-def recommend(request: AnalysisRequest) -> Recommendation:
-    """Entry point for :mod:`kforge.agents.expert.analysis`. ``request.plan`` is the expert's
-    ``{"platform": "triton", "graph": <KernelGraph json>, <knobs>...}`` (knobs at the top level,
-    as ``ExpertAgent`` writes them, or under a ``"triton"`` key)."""
-    nested = request.plan.get("triton")
-    knobs = nested if isinstance(nested, dict) else request.plan
-    return analyze_triton(request, {**knobs, "graph": request.plan.get("graph")})

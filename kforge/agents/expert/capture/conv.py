@@ -1,6 +1,6 @@
 """Convolutions as an implicit GEMM the rest of the compiler already knows, during the trace only.
 
-``F.conv{1,2,3}d`` and ``F.conv_transpose{1,2,3}d`` reach :class:`.capture._GenericSizes`
+``F.conv{1,2,3}d`` and ``F.conv_transpose{1,2,3}d`` reach :class:`.sizes.GenericSizes`
 and are traced as the same math over ops the IR has (``unfold``, strided ``slice``, ``cat``
 with zeros for padding, ``permute`` / ``view``, ``mm`` / ``bmm``, ``add``), so every
 convolution arrives as a GEMM whose A operand is an index map over the input (im2col, which the planner materialises

@@ -206,3 +206,21 @@ def model_new_source(program: Program, problem_source: str, launch: Callable[[Ke
     support, methods = reference_support(problem_source)
     return imports, (support + "class ModelNew(nn.Module):\n" + textwrap.indent(init, "    ") + methods
                      + "\n" + head + body + "\n")
+
+
+def size_source(expr: Any, pre: list[str], prefix: str) -> str:
+    """Python for a size expression; powers ``py_expr`` does not print (``FloatPow``: an
+    attention scale ``1 / sqrt(d)``) become assignments in ``pre``, innermost first."""
+    from torch.utils._sympy import functions as F
+
+    e = sympy.sympify(expr)
+    kinds = (F.FloatPow, F.PowByNatural)
+    while True:
+        inner = [x for x in e.atoms(*kinds) if not any(a.atoms(*kinds) for a in x.args)]
+        if not inner:
+            break
+        x = inner[0]
+        name = f"_{prefix}_pow{len(pre)}"
+        pre.append(f"{name} = {py_expr(x.args[0])} ** {py_expr(x.args[1])}")
+        e = e.xreplace({x: sympy.Symbol(name)})
+    return py_expr(e)

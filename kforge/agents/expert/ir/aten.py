@@ -1,63 +1,51 @@
-"""One handler per ATen / prims overload packet: fx node -> IR node(s) (:mod:`.ir`)."""
+"""One handler per ATen / prims overload packet: fx node -> IR node(s) of the op table
+(:mod:`.ops`), registered in :data:`~.handlers.HANDLERS`. The ops that are one ATen op each are
+registered from the table's ``aten`` column; the rest (attributes to read, composites, views,
+reductions, pools) have a handler of their own here."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sympy
 import torch
 
 from kforge.agents.expert.errors import UnsupportedError
-from kforge.agents.expert.ir.graph import Node, Scalar, _Builder, _norm_dims, dtype_of, static_int
+from kforge.agents.expert.ir.graph import Node, Scalar, dtype_of, static_int
+from kforge.agents.expert.ir.handlers import HANDLERS, Handler, handles
+from kforge.agents.expert.ir.handlers import arg as _arg
+from kforge.agents.expert.ir.ops import OPS
 
-Handler = Callable[[_Builder, torch.fx.Node], Any]
-HANDLERS: dict[str, Handler] = {}
-
-
-def _arg(fx: torch.fx.Node, i: int, name: str, default: Any = None) -> Any:
-    if len(fx.args) > i:
-        return fx.args[i]
-    return fx.kwargs.get(name, default)
+if TYPE_CHECKING:
+    from kforge.agents.expert.ir.build import Builder
 
 
-def handles(*names: str) -> Callable[[Handler], Handler]:
-    def register(fn: Handler) -> Handler:
-        for n in names:
-            HANDLERS[n] = fn
-        return fn
-    return register
+def _norm_dims(dims: Any, rank: int) -> list[int]:
+    """Reduction dims as sorted non-negative indices (None or ``[]``: every dim)."""
+    if dims is None or (isinstance(dims, list | tuple) and len(dims) == 0):
+        return list(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted({d % rank if rank else 0 for d in dims})
 
 
-def _pointwise(op: str, nargs: int, **fixed: Any) -> Handler:
-    def handler(b: _Builder, fx: torch.fx.Node) -> Node:
+def _pointwise(op: str, nargs: int) -> Handler:
+    def handler(b: Builder, fx: torch.fx.Node) -> Node:
         shape, dtype = b.meta(fx)
         args = [b.operand(_arg(fx, i, ""), dtype) for i in range(nargs)]
         if not any(isinstance(a, Node) for a in args):
-            return b.add("const", [], shape, dtype, value=None, expr=(op, args))  # pragma: no cover
-        return b.add(op, args, shape, dtype, **fixed)
+            raise UnsupportedError(f"{fx.target} of numbers only")  # pragma: no cover - traced as Python
+        return b.add(op, args, shape, dtype)
     return handler
 
 
-for _name in ("neg", "abs", "exp", "exp2", "expm1", "log", "log1p", "log2", "sqrt", "rsqrt",
-              "reciprocal", "sigmoid", "tanh", "relu", "erf", "sin", "cos", "sign", "floor",
-              "ceil", "round", "trunc", "isnan", "logical_not"):
-    HANDLERS[_name] = _pointwise(_name, 1)
-for _name in ("mul", "maximum", "minimum", "remainder", "eq", "ne", "lt", "le", "gt", "ge",
-              "logical_and", "logical_or", "logical_xor", "pow"):
-    HANDLERS[_name] = _pointwise(_name, 2)
-HANDLERS["bitwise_and"] = _pointwise("logical_and", 2)
-HANDLERS["bitwise_or"] = _pointwise("logical_or", 2)
-HANDLERS["bitwise_not"] = _pointwise("logical_not", 1)
-HANDLERS["where"] = _pointwise("where", 3)
-HANDLERS["prims.div"] = _pointwise("div", 2)
-HANDLERS["prims.mul"] = _pointwise("mul", 2)
-HANDLERS["prims.add"] = _pointwise("add", 2)
-HANDLERS["prims.sub"] = _pointwise("sub", 2)
+for _op in OPS.values():  # the ATen ops that are one op of the table
+    for _packet in _op.aten:
+        HANDLERS[_packet] = _pointwise(_op.name, _op.arity or 0)
 
 
 @handles("add", "sub")
-def _add_sub(b: _Builder, fx: torch.fx.Node) -> Node:
+def _add_sub(b: Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
     x, y = b.operand(fx.args[0], dtype), b.operand(fx.args[1], dtype)
     alpha = fx.kwargs.get("alpha", 1)
@@ -67,7 +55,7 @@ def _add_sub(b: _Builder, fx: torch.fx.Node) -> Node:
 
 
 @handles("div")
-def _div(b: _Builder, fx: torch.fx.Node) -> Node:
+def _div(b: Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
     mode = fx.kwargs.get("rounding_mode")
     op = {None: "div", "floor": "floordiv", "trunc": "truncdiv"}[mode]
@@ -75,26 +63,26 @@ def _div(b: _Builder, fx: torch.fx.Node) -> Node:
 
 
 @handles("gelu")
-def _gelu(b: _Builder, fx: torch.fx.Node) -> Node:
+def _gelu(b: Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
     return b.add("gelu", [b.tensor(fx.args[0])], shape, dtype, approximate=fx.kwargs.get("approximate", "none"))
 
 
 @handles("leaky_relu")
-def _leaky(b: _Builder, fx: torch.fx.Node) -> Node:
+def _leaky(b: Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
     return b.add("leaky_relu", [b.tensor(fx.args[0])], shape, dtype, slope=float(_arg(fx, 1, "negative_slope", 0.01)))
 
 
 @handles("elu")
-def _elu(b: _Builder, fx: torch.fx.Node) -> Node:
+def _elu(b: Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
     return b.add("elu", [b.tensor(fx.args[0])], shape, dtype, alpha=float(_arg(fx, 1, "alpha", 1.0)),
                  scale=float(_arg(fx, 2, "scale", 1.0)), input_scale=float(_arg(fx, 3, "input_scale", 1.0)))
 
 
 @handles("hardtanh", "clamp", "clamp_min", "clamp_max")
-def _clamp(b: _Builder, fx: torch.fx.Node) -> Node:
+def _clamp(b: Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
     name = fx.target.overloadpacket.__name__
     if name == "hardtanh":
@@ -115,19 +103,19 @@ def _clamp(b: _Builder, fx: torch.fx.Node) -> Node:
 
 
 @handles("_to_copy", "to", "prims.convert_element_type")
-def _cast(b: _Builder, fx: torch.fx.Node) -> Node:
+def _cast(b: Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
     x = b.tensor(fx.args[0])
     return x if x.dtype == dtype else b.add("cast", [x], shape, dtype)
 
 
 @handles("alias", "clone", "detach", "lift_fresh_copy", "contiguous", "alias_copy", "view_copy_identity")
-def _identity(b: _Builder, fx: torch.fx.Node) -> Node:
+def _identity(b: Builder, fx: torch.fx.Node) -> Node:
     return b.tensor(fx.args[0])
 
 
 @handles("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "flatten", "view_copy", "unflatten")
-def _view(b: _Builder, fx: torch.fx.Node) -> Node:
+def _view(b: Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
     x = b.tensor(fx.args[0])
     if tuple(b.cap.size_expr(s) for s in shape) == x.shape:
@@ -136,7 +124,7 @@ def _view(b: _Builder, fx: torch.fx.Node) -> Node:
 
 
 @handles("repeat")
-def _repeat(b: _Builder, fx: torch.fx.Node) -> Node:
+def _repeat(b: Builder, fx: torch.fx.Node) -> Node:
     """``x.repeat(r0, r1, ...)`` as index maps, no copy: x viewed as ``[1, s0, 1, s1, ...]``
     (leading ones where the repeats outnumber x's dims), broadcast to ``[r0, s0, r1, s1, ...]``,
     viewed as ``[r0 * s0, r1 * s1, ...]``: element i of a dim reads ``i % s``."""
@@ -152,7 +140,7 @@ def _repeat(b: _Builder, fx: torch.fx.Node) -> Node:
 
 
 @handles("permute", "t", "transpose", "permute_copy")
-def _permute(b: _Builder, fx: torch.fx.Node) -> Node:
+def _permute(b: Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
     x = b.tensor(fx.args[0])
     name = fx.target.overloadpacket.__name__
@@ -169,7 +157,7 @@ def _permute(b: _Builder, fx: torch.fx.Node) -> Node:
 
 
 @handles("expand", "prims.broadcast_in_dim", "expand_copy")
-def _broadcast(b: _Builder, fx: torch.fx.Node) -> Node:
+def _broadcast(b: Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
     x = b.tensor(fx.args[0])
     if "broadcast_in_dim" in str(fx.target):
@@ -183,7 +171,7 @@ def _broadcast(b: _Builder, fx: torch.fx.Node) -> Node:
 
 
 @handles("split_with_sizes", "split")
-def _split(b: _Builder, fx: torch.fx.Node) -> list[Node]:
+def _split(b: Builder, fx: torch.fx.Node) -> list[Node]:
     """The pieces as slices (a list that ``getitem`` indexes)."""
     x = b.tensor(fx.args[0])
     vals = fx.meta.get("val")
@@ -200,7 +188,7 @@ def _split(b: _Builder, fx: torch.fx.Node) -> list[Node]:
 
 
 @handles("slice")
-def _slice(b: _Builder, fx: torch.fx.Node) -> Node:
+def _slice(b: Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
     x = b.tensor(fx.args[0])
     dim = _arg(fx, 1, "dim", 0) % len(x.shape)
@@ -217,7 +205,7 @@ def _slice(b: _Builder, fx: torch.fx.Node) -> Node:
 
 
 @handles("select")
-def _select(b: _Builder, fx: torch.fx.Node) -> Node:
+def _select(b: Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
     x = b.tensor(fx.args[0])
     dim = fx.args[1] % len(x.shape)
@@ -228,14 +216,14 @@ def _select(b: _Builder, fx: torch.fx.Node) -> Node:
 
 
 @handles("flip")
-def _flip(b: _Builder, fx: torch.fx.Node) -> Node:
+def _flip(b: Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
     x = b.tensor(fx.args[0])
     return b.add("flip", [x], shape, dtype, dims=_norm_dims(list(fx.args[1]), len(x.shape)))
 
 
 @handles("unfold")
-def _unfold(b: _Builder, fx: torch.fx.Node) -> Node:
+def _unfold(b: Builder, fx: torch.fx.Node) -> Node:
     """``x.unfold(dim, size, step)``: windows of ``dim`` as a new last dim (a convolution's im2col)."""
     shape, dtype = b.meta(fx)
     x = b.tensor(fx.args[0])
@@ -244,7 +232,7 @@ def _unfold(b: _Builder, fx: torch.fx.Node) -> Node:
 
 
 @handles("cat")
-def _cat(b: _Builder, fx: torch.fx.Node) -> Node:
+def _cat(b: Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
     parts = [b.tensor(t) for t in fx.args[0]]
     dim = _arg(fx, 1, "dim", 0) % len(shape)
@@ -255,7 +243,7 @@ def _cat(b: _Builder, fx: torch.fx.Node) -> Node:
 
 
 @handles("constant_pad_nd")
-def _pad(b: _Builder, fx: torch.fx.Node) -> Node:
+def _pad(b: Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
     pads = [static_int(p, "padding") for p in fx.args[1]]
     if any(p < 0 for p in pads):
@@ -264,14 +252,14 @@ def _pad(b: _Builder, fx: torch.fx.Node) -> Node:
 
 
 @handles("gather")
-def _gather(b: _Builder, fx: torch.fx.Node) -> Node:
+def _gather(b: Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
     x, index = b.tensor(fx.args[0]), b.tensor(fx.args[2])
     return b.add("gather", [x, index], shape, dtype, dim=fx.args[1] % len(x.shape))
 
 
 @handles("full", "scalar_tensor", "full_like", "zeros_like", "ones_like", "zeros", "ones")
-def _full(b: _Builder, fx: torch.fx.Node) -> Node:
+def _full(b: Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
     name = fx.target.overloadpacket.__name__
     value = {"zeros_like": 0, "ones_like": 1, "zeros": 0, "ones": 1}.get(name)
@@ -283,13 +271,13 @@ def _full(b: _Builder, fx: torch.fx.Node) -> Node:
 
 
 @handles("empty", "empty_like", "empty_permuted", "empty_strided")
-def _empty(b: _Builder, fx: torch.fx.Node) -> Node:
+def _empty(b: Builder, fx: torch.fx.Node) -> Node:
     """Uninitialised memory: fine while nothing reads it (BatchNorm's unused saved stats)."""
     return b.add("unsupported", [], fx.meta["val"].shape, "f32", reason=f"reads uninitialised memory ({fx.target})")
 
 
 @handles("arange")
-def _arange(b: _Builder, fx: torch.fx.Node) -> Node:
+def _arange(b: Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
     args = list(fx.args)
     start, step = (args[0], args[2] if len(args) > 2 else 1) if len(args) > 1 else (0, 1)
@@ -299,7 +287,7 @@ def _arange(b: _Builder, fx: torch.fx.Node) -> Node:
 # ------------------------------------------------------------------ reductions and scans
 
 @handles("sum", "prims.sum", "amax", "amin", "prod", "any", "all", "prims.amax", "prims.amin", "prims.prod")
-def _reduce(b: _Builder, fx: torch.fx.Node) -> Node:
+def _reduce(b: Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
     x = b.tensor(fx.args[0])
     name = fx.target.overloadpacket.__name__
@@ -314,13 +302,13 @@ def _reduce(b: _Builder, fx: torch.fx.Node) -> Node:
 
 
 @handles("mean")
-def _mean(b: _Builder, fx: torch.fx.Node) -> Node:
+def _mean(b: Builder, fx: torch.fx.Node) -> Node:
     x = b.tensor(fx.args[0])
     return b.mean(x, _norm_dims(_arg(fx, 1, "dim"), len(x.shape)), bool(_arg(fx, 2, "keepdim", False)))
 
 
 @handles("prims.var", "var")
-def _var(b: _Builder, fx: torch.fx.Node) -> Node:
+def _var(b: Builder, fx: torch.fx.Node) -> Node:
     x = b.tensor(fx.args[0])
     dims = _norm_dims(_arg(fx, 1, "dim"), len(x.shape))
     if "prims" in str(fx.target):
@@ -330,7 +318,7 @@ def _var(b: _Builder, fx: torch.fx.Node) -> Node:
 
 
 @handles("max", "min")
-def _max_min(b: _Builder, fx: torch.fx.Node) -> Any:
+def _max_min(b: Builder, fx: torch.fx.Node) -> Any:
     x = b.tensor(fx.args[0])
     name = fx.target.overloadpacket.__name__
     if len(fx.args) > 1 and isinstance(fx.args[1], torch.fx.Node):  # elementwise max(a, b)
@@ -344,7 +332,7 @@ def _max_min(b: _Builder, fx: torch.fx.Node) -> Any:
 
 
 @handles("argmax", "argmin")
-def _argmax(b: _Builder, fx: torch.fx.Node) -> Node:
+def _argmax(b: Builder, fx: torch.fx.Node) -> Node:
     x = b.tensor(fx.args[0])
     dim = _arg(fx, 1, "dim")
     keepdim = bool(_arg(fx, 2, "keepdim", False))
@@ -359,7 +347,7 @@ def _argmax(b: _Builder, fx: torch.fx.Node) -> Node:
 
 
 @handles("cumsum", "cumprod")
-def _scan(b: _Builder, fx: torch.fx.Node) -> Node:
+def _scan(b: Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
     x = b.tensor(fx.args[0])
     if x.dtype != dtype:
@@ -371,7 +359,7 @@ def _scan(b: _Builder, fx: torch.fx.Node) -> Node:
 # ------------------------------------------------------------------ matmul and pooling
 
 @handles("mm", "bmm")
-def _mm(b: _Builder, fx: torch.fx.Node) -> Node:
+def _mm(b: Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
     x, y = b.tensor(fx.args[0]), b.tensor(fx.args[1])
     if dtype != "f32":
@@ -390,7 +378,7 @@ def _triple(value: Any, nd: int, default: int) -> list[int]:
 
 @handles("max_pool2d_with_indices", "max_pool3d_with_indices", "max_pool1d_with_indices",
          "avg_pool2d", "avg_pool3d")
-def _pool(b: _Builder, fx: torch.fx.Node) -> Any:
+def _pool(b: Builder, fx: torch.fx.Node) -> Any:
     shape, dtype = b.meta(fx) if isinstance(fx.meta.get("val"), torch.Tensor) else (fx.meta["val"][0].shape, "f32")
     x = b.tensor(fx.args[0])
     name = fx.target.overloadpacket.__name__
@@ -414,5 +402,3 @@ def _pool(b: _Builder, fx: torch.fx.Node) -> Any:
                  padding=padding, dilation=[1] * nd, ceil_mode=ceil_mode, count_include_pad=include,
                  divisor=divisor)
 
-
-from kforge.agents.expert.ir import inplace  # noqa: E402,F401  (registers the in-place handlers)

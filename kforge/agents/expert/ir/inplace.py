@@ -1,22 +1,25 @@
 """In-place ATen ops in a captured forward, seen as new values: updates of parameters and
 buffers (BatchNorm's running statistics: ``Program.mutations``), and in-place ops on tensors
 the forward computed, which replace the tensor for every later use unless a tensor sharing its
-storage is read afterwards. Registered into :data:`~.ir_ops.HANDLERS` when ``ir_ops`` loads."""
+storage is read afterwards. Registered into :data:`~.handlers.HANDLERS` when :mod:`.build` loads."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kforge.agents.expert.errors import UnsupportedError
-from kforge.agents.expert.ir.aten import HANDLERS, Handler, handles
-from kforge.agents.expert.ir.graph import Node, _Builder
+from kforge.agents.expert.ir.graph import Node
+from kforge.agents.expert.ir.handlers import HANDLERS, Handler, handles
+
+if TYPE_CHECKING:
+    from kforge.agents.expert.ir.build import Builder
 
 
 @handles("copy_", "add_", "mul_", "copy")
-def _inplace(b: _Builder, fx: torch.fx.Node) -> Node:
+def _inplace(b: Builder, fx: torch.fx.Node) -> Node:
     dst = b.tensor(fx.args[0])
     name = fx.target.overloadpacket.__name__
     if name == "copy":
@@ -39,7 +42,7 @@ def _inplace(b: _Builder, fx: torch.fx.Node) -> Node:
     return value
 
 
-def _copied_value(b: _Builder, fx: Any) -> Node:
+def _copied_value(b: Builder, fx: Any) -> Node:
     """``dst.copy_(src)`` seen out of place: ``src`` cast and broadcast to ``dst``'s shape and
     dtype (the core ATen decompositions write ``hardtanh_(t)`` as ``t.copy_(clamp(t))``)."""
     dst, value = b.tensor(fx.args[0]), b.tensor(fx.args[1])
@@ -93,7 +96,7 @@ def _aliased_reader_after(dst: torch.fx.Node, update: torch.fx.Node) -> bool:
                for user in node.users if user is not update and user not in group)  # their readers count
 
 
-def inplace_on_computed(b: _Builder, fx: torch.fx.Node, handler: Handler) -> Node:
+def inplace_on_computed(b: Builder, fx: torch.fx.Node, handler: Handler) -> Node:
     """``relu_(t)``, ``t.add_(u)``... on a tensor the forward computed (not an input, not a
     parameter): the new value replaces ``t`` for every later use, as functionalisation would.
     Refused where ``t`` shares storage with another tensor (the tensor it is a view of, or

@@ -1,6 +1,6 @@
-"""Algebraic rewrites of the IR (:mod:`.ir`) that hold for every input, applied before planning.
+"""Algebraic rewrites of the IR (:mod:`.graph`) that hold for every input, applied before planning.
 
-Each rule is a named function over a :class:`~.ir.Graph`; :func:`apply_rewrites` runs them in
+Each rule is a named function over a :class:`~.graph.Graph`; :func:`apply_rewrites` runs them in
 order and records on the graph the name of every rule that changed something
 (``Graph.rewrites``, which reaches the candidate's plan as ``plan["rewrites"]``) and one line
 per application (``Graph.rewrite_notes``). The verifier proves each result like any other
@@ -57,7 +57,8 @@ from typing import Any
 import numpy as np
 import sympy
 
-from kforge.agents.expert.ir.graph import POINTWISE, Graph, Node, Scalar, numel, prune
+from kforge.agents.expert.ir.graph import Graph, Node, Scalar, checked_inputs, numel, prune
+from kforge.agents.expert.ir.ops import NONE, POINTWISE, make_attrs
 
 SKINNY = 4  # a matmul output dimension of at most this many known elements is "skinny"
 
@@ -75,7 +76,8 @@ class _Edit:
 
     def add(self, op: str, inputs: list[Node | Scalar], shape: Any, dtype: str = "f32", **attrs: Any) -> Node:
         self.count += 1
-        node = Node(f"{self.tag}{self.count}", op, list(inputs), tuple(sympy.sympify(s) for s in shape), dtype, attrs)
+        node = Node(f"{self.tag}{self.count}", op, checked_inputs(op, inputs), tuple(sympy.sympify(s) for s in shape),
+                    dtype, make_attrs(op, **attrs))
         self.pending.append(node)
         return node
 
@@ -208,7 +210,7 @@ def fold_scalar_chain(g: Graph, notes: list[str]) -> bool:
                 replace(g, q, x)
                 g.nodes.remove(q)
             else:
-                q.op, q.inputs, q.attrs = op, [x, Scalar(k, "f32")], {}
+                q.op, q.inputs, q.attrs = op, [x, Scalar(k, "f32")], NONE
                 relink(g)
             changed = again = True
             break
@@ -295,10 +297,10 @@ def _bshape(a: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, ...]:
 def sum_through_linear(g: Graph, notes: list[str]) -> bool:
     changed = False
     for r in list(g.nodes):
-        if r not in g.nodes or r.op != "reduce" or r.attrs["kind"] != "sum" or r.dtype != "f32":
+        if r not in g.nodes or r.op != "reduce" or r.attrs.kind != "sum" or r.dtype != "f32":
             continue
         (y,) = r.tensors
-        dims = list(r.attrs["dims"])
+        dims = list(r.attrs.dims)
         steps: list[Step] = []
         mm = _chain(g, y, r, dims, steps)
         if mm is None:
@@ -331,7 +333,7 @@ def sum_through_linear(g: Graph, notes: list[str]) -> bool:
                 value = e.add("add" if kind == "add" else "sub", args, shape)
         if tuple(value.shape) != tuple(kshape):
             continue  # pragma: no cover - every step keeps the kept-dims shape
-        if not r.attrs["keepdim"]:
+        if not r.attrs.keepdim:
             value = e.add("view", [value], r.shape)
         notes.append(f"sum_through_linear: {r.name} = sum over dims {dims} of {mm.name} "
                      f"(through {', '.join(k for k, _ in steps) or 'nothing'}) -> {value.name}: "
@@ -433,7 +435,7 @@ def work(g: Graph) -> float:
         elif node.op == "reduce":
             total += numel(node.tensors[0].shape)
         elif node.op == "pool":
-            total += numel(node.shape) * math.prod(node.attrs["kernel"])
+            total += numel(node.shape) * math.prod(node.attrs.kernel)
         elif node.op == "scan" or node.op in POINTWISE:
             total += numel(node.shape)
     return float(g.hint(total))

@@ -1,4 +1,4 @@
-"""The loop-level program a fusion plan becomes: buffers and kernels over :class:`~.lower.E`.
+"""The loop-level program a fusion plan becomes: buffers and kernels over :class:`~.expr.E`.
 
 Every backend renders the same four kernel kinds::
 
@@ -22,7 +22,7 @@ from typing import Any
 
 import sympy
 
-from kforge.agents.expert.plan.lower import E
+from kforge.agents.expert.plan.expr import E
 
 
 @dataclass
@@ -61,6 +61,9 @@ class PointwiseKernel:
     def vars(self) -> list[str]:
         return [f"p{i}" for i in range(len(self.space))]
 
+    def work_dims(self) -> tuple[sympy.Expr, ...]:
+        return self.space
+
 
 @dataclass
 class RowKernel:
@@ -76,6 +79,9 @@ class RowKernel:
     @property
     def passes(self) -> int:
         return max((r.pass_no for r in self.reductions), default=0)
+
+    def work_dims(self) -> tuple[sympy.Expr, ...]:
+        return (*self.outer, *self.red)
 
 
 @dataclass
@@ -108,8 +114,21 @@ class ScanKernel:
     store: Store  # the scan value is E("acc", v="scan")
     kind: str = "scan"
 
+    def work_dims(self) -> tuple[sympy.Expr, ...]:
+        return (*self.outer, self.length)
+
 
 Kernel = PointwiseKernel | RowKernel | GemmKernel | ScanKernel
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A value the planner did not fuse into a kernel, and the reason (``NotFusable``'s)."""
+
+    kernel: str  # the kernel that tried (the one being grown)
+    node: str  # the IR node left out: stored for, or computed by, a later kernel
+    op: str
+    reason: str
 
 
 @dataclass
@@ -128,6 +147,7 @@ class Program:
     derived: dict[Any, tuple[Any, Any]] = field(default_factory=dict)  # quotient q -> (a, b): q = a // b
     rewrites: list[str] = field(default_factory=list)  # names of the rewrite rules applied (rewrites.py)
     rewrite_notes: list[str] = field(default_factory=list)  # what each application did
+    refusals: list[Refusal] = field(default_factory=list)  # every fusion the planner refused
 
     def hint(self, expr: Any) -> int:
         return int(sympy.sympify(expr).subs(self.hints))

@@ -1,4 +1,4 @@
-"""C++ for a :class:`~.kernels.GemmKernel` on the CPU: a packed, cache-blocked fp32 GEMM per
+"""C++ for a :class:`~kforge.agents.expert.plan.kernels.GemmKernel` on the CPU: a packed, cache-blocked fp32 GEMM per
 batch with the epilogue stores applied to each output tile right after its last K slice.
 
 BLIS-style blocking: for each NC-wide column block and KC-deep slice, B is packed into
@@ -17,9 +17,10 @@ import textwrap
 
 import sympy
 
-from kforge.agents.expert.codegen.cpu.expr import CTYPES, Block, Emitter, Scope
+from kforge.agents.expert.codegen.cstyle import CTYPES, Block, CEmitter, Scope
+from kforge.agents.expert.plan.expr import E, linear, var
 from kforge.agents.expert.plan.kernels import GemmKernel, Program
-from kforge.agents.expert.plan.lower import E, linear, var
+from kforge.agents.expert.plan.knobs import CpuKnobs
 
 MICRO = r"""
 template <int MR, int NR>
@@ -82,19 +83,19 @@ def avx2_micro(mr: int, nr: int) -> str:
     return "\n".join(lines)
 
 
-def gemm_prelude(knobs: dict[str, int]) -> str:
-    mr, nr = knobs["mr"], knobs["nr"]
+def gemm_prelude(knobs: CpuKnobs) -> str:
+    mr, nr = knobs.mr, knobs.nr
     return MICRO.replace("{avx2}", avx2_micro(mr, nr)).replace("{mr}", str(mr)).replace("{nr}", str(nr))
 
 
-def _dim(em: Emitter, expr: sympy.Expr | None) -> str:
+def _dim(em: CEmitter, expr: sympy.Expr | None) -> str:
     if expr is None:
         return "((int64_t)1)"
     e = sympy.sympify(expr)
     return f"((int64_t){int(e)})" if e.is_number else em.size(e)
 
 
-def gemm_body(k: GemmKernel, program: Program, em: Emitter, knobs: dict[str, int]) -> str:
+def gemm_body(k: GemmKernel, program: Program, em: CEmitter, knobs: CpuKnobs) -> str:
     """The body of ``extern "C" void <name>(...)`` for a GEMM kernel (C++ statements)."""
     root = Scope(None)
     M, N, K, NBAT = _dim(em, k.m), _dim(em, k.n), _dim(em, k.k), _dim(em, k.batch)
@@ -131,7 +132,7 @@ def gemm_body(k: GemmKernel, program: Program, em: Emitter, knobs: dict[str, int
     return f"""{defs}
   const int64_t M = {M}, N = {N}, K = {K}, NBAT = {NBAT};
   const int64_t sa0 = {a_s[0]}, sa1 = {a_s[1]}, sa2 = {a_s[2]}, sb0 = {b_s[0]}, sb1 = {b_s[1]}, sb2 = {b_s[2]};
-  const int64_t MR = {knobs['mr']}, NR = {knobs['nr']}, KC = {knobs['kc']}, MC = {knobs['mc']}, NCMAX = {knobs['nc']};
+  const int64_t MR = {knobs.mr}, NR = {knobs.nr}, KC = {knobs.kc}, MC = {knobs.mc}, NCMAX = {knobs.nc};
   if (M <= 0 || N <= 0 || NBAT <= 0) return;
 {ws}  if (N < 4 && sa2 == 1) {{  // GEMV-like: one dot product per output, memory-bound
     #pragma omp parallel for num_threads(nthreads) schedule(static) if(NBAT * M * K > 262144)

@@ -1,4 +1,4 @@
-"""The CPU backend: a :class:`~.kernels.Program` -> a candidate module (C++ / OpenMP).
+"""The CPU backend: a :class:`~kforge.agents.expert.plan.kernels.Program` -> a candidate module (C++ / OpenMP).
 
 The module follows ``refs/cpu``: the kernels are one C++ translation unit in a ``CPP_SOURCE``
 raw string, built and loaded by :mod:`kforge.platforms.cpu_runtime`, called through ctypes
@@ -15,38 +15,31 @@ Loop shapes per kernel kind:
   last outer dim is the contiguous one: a column sum, softmax over dim 1): blocks of
   ``col_block`` columns per iteration, accumulators per column, the columns vectorised;
   *flat* mode (no outer dim: a loss): the reduction itself is split over the threads;
-* gemm: :mod:`.cpu_render_gemm`; scan: outer rows in parallel, a running value in double.
+* gemm: :mod:`.gemm`; scan: outer rows in parallel, a running value in double.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import sympy
-
 from kforge.agents.expert.codegen.candidate import (
     STATE_HELPER,
     model_new_source,
-    py_expr,
     shape_guard,
 )
-from kforge.agents.expert.codegen.cpu.expr import CTYPES, PRELUDE, Block, Emitter, Scope
 from kforge.agents.expert.codegen.cpu.gemm import gemm_body, gemm_prelude
+from kforge.agents.expert.codegen.cpu.ops import CPU_OPS, PRELUDE
+from kforge.agents.expert.codegen.cstyle import CTYPES, Block, CKernel, Scope
 from kforge.agents.expert.errors import UnsupportedError
+from kforge.agents.expert.plan.expr import E, linear, var
 from kforge.agents.expert.plan.kernels import (
-    GemmKernel,
     Kernel,
     PointwiseKernel,
     Program,
     Reduction,
     RowKernel,
     ScanKernel,
-    Store,
 )
-from kforge.agents.expert.plan.lower import E, linear, var
+from kforge.agents.expert.plan.knobs import CpuKnobs
 
-DEFAULT_KNOBS: dict[str, Any] = {"fast": True, "chunk": 4096, "col_block": 64, "par_min": 16384,
-                                 "mr": 6, "nr": 16, "kc": 256, "mc": 96, "nc": 1024}
 OMP_OP = {"sum": "+", "prod": "*", "max": "max", "min": "min", "any": "||", "all": "&&"}
 HEADER = '"""KForge expert candidate for the cpu platform (generated: {summary}; knobs: {knobs})."""\n'
 ENTRY_HELPER = '''_LIB = cpu_runtime.load_library(CPP_SOURCE)
@@ -62,67 +55,24 @@ def _entry(name, signature):
 '''
 
 
-class KernelRender:
+class KernelRender(CKernel):
     """The C++ of one kernel and how ``forward`` launches it."""
 
-    def __init__(self, kernel: Kernel, program: Program, knobs: dict[str, Any]) -> None:
-        self.k, self.p, self.kn = kernel, program, knobs
-        self.em = Emitter(bool(knobs["fast"]))
-        self.fn = f"kf_{kernel.name}"
-
-    # ---------------------------------------------------------------- helpers
-    def dim(self, expr: Any) -> str:
-        e = sympy.sympify(expr)
-        return f"((int64_t){int(e)})" if e.is_number else self.em.size(e)
-
-    def prod(self, dims: list[str]) -> str:
-        return " * ".join(dims) if dims else "((int64_t)1)"
-
-    def store(self, s: Store, scope: Scope) -> str:
-        idx = self.em.expr(s.index, scope)
-        val = self.em.expr(s.value, scope)
-        return f"{self.em.ptr(s.buffer)}[{idx}] = ({CTYPES[self.p.buffers[s.buffer].dtype]}){val};"
+    def __init__(self, kernel: Kernel, program: Program, knobs: CpuKnobs) -> None:
+        super().__init__(kernel, program, CPU_OPS[knobs.fast])
+        self.kn = knobs
 
     def par(self, work: str, clauses: str = "") -> str:
         return (f"#pragma omp parallel for num_threads(nthreads) schedule(static){clauses} "
-                f"if({work} > {int(self.kn['par_min'])})\n")
-
-    @staticmethod
-    def decode(q: str, names: list[str], dims: list[str]) -> list[str]:
-        """Loop variables ``names`` (row-major over ``dims``) from the flat index ``q``."""
-        if not names:
-            return []
-        if len(names) == 1:
-            return [f"const int64_t {names[0]} = {q};"]
-        out = [f"int64_t {q}_r = {q};"]
-        for n, d in reversed(list(zip(names[1:], dims[1:], strict=True))):
-            out.append(f"const int64_t {n} = {q}_r % {d}; {q}_r /= {d};")
-        out.append(f"const int64_t {names[0]} = {q}_r;")
-        return out
-
-    @staticmethod
-    def nest(parent: Block, names: list[str], dims: list[str], pragma: str) -> Block:
-        """Sequential loops over ``names``; the innermost carries ``pragma``; returns it."""
-        cur = parent
-        for i, (n, d) in enumerate(zip(names, dims, strict=True)):
-            head = (pragma if i == len(names) - 1 else "") + f"for (int64_t {n} = 0; {n} < {d}; ++{n})"
-            blk = Block(cur.scope.child((n,)), head)
-            cur.add(blk)
-            cur = blk
-        return cur
+                f"if({work} > {self.kn.par_min})\n")
 
     # ---------------------------------------------------------------- kinds
     def body(self) -> str:
         k = self.k
-        if isinstance(k, PointwiseKernel):
-            return self.pointwise(k).render(0)
-        if isinstance(k, RowKernel):
-            return self.row(k).render(0)
-        if isinstance(k, ScanKernel):
-            return self.scan(k).render(0)
-        if isinstance(k, GemmKernel):
-            return "{\n" + gemm_body(k, self.p, self.em, self.kn) + "}"
-        raise UnsupportedError(f"kernel kind {type(k).__name__}")  # pragma: no cover
+        if k.kind == "gemm":
+            return "{\n" + gemm_body(k, self.p, self.em, self.kn) + "}"  # type: ignore[arg-type]
+        build = {"pointwise": self.pointwise, "row": self.row, "scan": self.scan}[k.kind]
+        return build(k).render(0)  # type: ignore[operator]
 
     def pointwise(self, k: PointwiseKernel) -> Block:
         root = Block(Scope(None))
@@ -130,7 +80,7 @@ class KernelRender:
         dims = [self.dim(s) for s in k.space]
         inner = root
         if names:
-            ch = int(self.kn["chunk"])
+            ch = self.kn.chunk
             root.scope.defs.append(f"const int64_t P = {self.prod(dims[:-1])}, D = {dims[-1]}, "
                                    f"NCH = (D + {ch} - 1) / {ch};")
             outer = Block(root.scope.child(tuple(names[:-1])), self.par("P * D") + "for (int64_t q = 0; q < P * NCH; ++q)")
@@ -161,28 +111,6 @@ class KernelRender:
             return "row"
         return "row" if k.red_inner else "column"
 
-    def raw(self, r: Reduction) -> tuple[str, str]:
-        """(C++ type, initial value) of a reduction's running value."""
-        bdt = r.body.dt
-        if r.kind in ("sum", "prod"):
-            t = "double" if bdt == "f32" or r.dt == "f32" else "int64_t"
-            return t, "0" if r.kind == "sum" else "1"
-        if r.kind in ("any", "all"):
-            return "bool", "false" if r.kind == "any" else "true"
-        t = CTYPES[bdt]
-        hi = "INFINITY" if bdt == "f32" else "INT64_MAX"
-        return t, (f"(-{hi})" if bdt == "f32" else "INT64_MIN") if r.kind in ("max", "argmax") else hi
-
-    def update(self, r: Reduction, v: str, flat: str, at: str) -> str:
-        a = f"a_{r.acc}{at}"
-        if r.kind in ("argmax", "argmin"):
-            cmp = ">" if r.kind == "argmax" else "<"
-            bv, bi = f"bv_{r.acc}{at}", f"a_{r.acc}{at}"
-            return f"{{ const bool u = {v} {cmp} {bv}; {bv} = u ? {v} : {bv}; {bi} = u ? {flat} : {bi}; }}"
-        return {"sum": f"{a} += {v};", "prod": f"{a} *= {v};", "max": f"{a} = {v} > {a} ? {v} : {a};",
-                "min": f"{a} = {v} < {a} ? {v} : {a};", "any": f"{a} = {a} || {v};",
-                "all": f"{a} = {a} && {v};"}[r.kind]
-
     def declare(self, r: Reduction, size: str) -> list[str]:
         t, init = self.raw(r)
         if r.kind in ("argmax", "argmin"):
@@ -202,7 +130,7 @@ class KernelRender:
         rd = [self.dim(s) for s in k.red] or ["((int64_t)1)"]
         rvars = tuple(var(f"r{i}", s) for i, s in enumerate(k.red))
         flat_e = linear(rvars, k.red) if k.red else None
-        cb, ch = int(self.kn["col_block"]), int(self.kn["chunk"])
+        cb, ch = self.kn.col_block, self.kn.chunk
         lead = on[:-1] if mode == "column" else on
         root.scope.defs.append(f"const int64_t R = {self.prod(rd)};")
         if mode == "flat":
@@ -298,11 +226,10 @@ class KernelRender:
         sig = "p" * len(params)
         args = [f"{b}.data_ptr()" for b in self.em.buffers]
         pre: list[str] = []
-        for expr, name in self.em.sizes.items():
-            is_int = sympy.sympify(expr).is_integer is True
-            params.append(f"{'int64_t' if is_int else 'double'} {name}")
+        for decl, is_int, arg in self.size_params(pre):
+            params.append(decl)
             sig += "i" if is_int else "d"
-            args.append(size_source(expr, pre, self.fn))
+            args.append(arg)
         params.append("int64_t nthreads")
         sig += "i"
         args.append("_nt")
@@ -311,31 +238,12 @@ class KernelRender:
         return code, sig, launch
 
 
-def size_source(expr: Any, pre: list[str], prefix: str) -> str:
-    """Python for a size expression; powers ``py_expr`` does not print (``FloatPow``: an
-    attention scale ``1 / sqrt(d)``) become assignments in ``pre``, innermost first."""
-    from torch.utils._sympy import functions as F
-
-    e = sympy.sympify(expr)
-    kinds = (F.FloatPow, F.PowByNatural)
-    while True:
-        inner = [x for x in e.atoms(*kinds) if not any(a.atoms(*kinds) for a in x.args)]
-        if not inner:
-            break
-        x = inner[0]
-        name = f"_{prefix}_pow{len(pre)}"
-        pre.append(f"{name} = {py_expr(x.args[0])} ** {py_expr(x.args[1])}")
-        e = e.xreplace({x: sympy.Symbol(name)})
-    return py_expr(e)
-
-
 def _terms(e: E) -> list[E]:
     return [*_terms(e.args[0]), *_terms(e.args[1])] if e.op == "iadd" else [e]
 
 
-def render_cpu(program: Program, knobs: dict[str, Any], problem_source: str) -> str:
+def render_cpu(program: Program, kn: CpuKnobs, problem_source: str) -> str:
     """A complete candidate module (``CPP_SOURCE`` + ``ModelNew``) for ``program``."""
-    kn = {**DEFAULT_KNOBS, **{k: v for k, v in (knobs or {}).items() if k in DEFAULT_KNOBS}}
     funcs: list[str] = []
     entries: list[str] = []
     launches: dict[str, list[str]] = {}
@@ -344,7 +252,7 @@ def render_cpu(program: Program, knobs: dict[str, Any], problem_source: str) -> 
         funcs.append(code)
         entries.append(f"    {'kf_' + kernel.name!r}: _entry({'kf_' + kernel.name!r}, {sig!r}),")
         launches[kernel.name] = lines
-    prelude = PRELUDE + (gemm_prelude(kn) if any(isinstance(k, GemmKernel) for k in program.kernels) else "")
+    prelude = PRELUDE + (gemm_prelude(kn) if any(k.kind == "gemm" for k in program.kernels) else "")
     cpp = prelude + "\n" + "\n".join(funcs)
     if '"""' in cpp:  # pragma: no cover - nothing we emit has one
         raise UnsupportedError("generated C++ contains a triple quote")
@@ -357,11 +265,10 @@ def render_cpu(program: Program, knobs: dict[str, Any], problem_source: str) -> 
     imports, cls = model_new_source(program, problem_source, launch, "_device = torch.device('cpu')\n        _nt = cpu_runtime.threads()")
     std = ["import ctypes", "import torch", "import torch.nn as nn"]
     head = "\n".join(dict.fromkeys([*std, *imports]))
-    knob_text = ", ".join(f"{k}={v}" for k, v in kn.items())
-    return (HEADER.format(summary=program.summary(), knobs=knob_text) + "\n" + head
+    return (HEADER.format(summary=program.summary(), knobs=kn.describe()) + "\n" + head
             + "\n\nfrom kforge.platforms import cpu_runtime\n\n"
             + f'CPP_SOURCE = r"""{cpp}"""\n\n' + ENTRY_HELPER
             + "\n\n_K = {\n" + "\n".join(entries) + "\n}\n\n\n" + STATE_HELPER + "\n\n" + cls)
 
 
-__all__ = ["DEFAULT_KNOBS", "render_cpu"]
+__all__ = ["render_cpu"]

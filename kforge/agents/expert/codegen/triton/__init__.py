@@ -1,2 +1,3 @@
-"""The Triton backend: the four kernel kinds as ``@triton.jit`` kernels (:mod:`.render`,
-:mod:`.gemm`), expressions (:mod:`.expr`), CUDA graph replay (:mod:`.graph`)."""
+"""The Triton backend (:mod:`.backend`): the four kernel kinds as ``@triton.jit`` kernels
+(:mod:`.render`, :mod:`.gemm` with its tiles per precision step in :mod:`.tiles`),
+expressions through its op table (:mod:`.expr`, :mod:`.ops`), CUDA graph replay (:mod:`.graph`)."""

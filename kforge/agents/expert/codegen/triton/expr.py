@@ -1,19 +1,16 @@
-"""Render :class:`~.lower.E` trees as Triton block expressions (one CSE scope per section).
-
-Transcendentals use forms the CPU interpreter (``TRITON_INTERPRET=1``) also runs, so the
-code verified on a CPU host is the code timed on the GPU (``tanh`` is ``2*sigmoid(2x) - 1``).
-"""
+"""Render :class:`~kforge.agents.expert.plan.lower.E` trees as Triton block expressions, one
+``tN = ...`` line per shared subtree (one CSE scope per section); each op through the
+backend's table (:mod:`.ops`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from kforge.agents.expert.errors import UnsupportedError
-from kforge.agents.expert.plan.lower import E
+from kforge.agents.expert.codegen.optable import Call, decompose, render
+from kforge.agents.expert.codegen.triton.ops import TL_DTYPES, TRITON_OPS
+from kforge.agents.expert.plan.expr import E
 
-INV_SQRT_2 = 0.7071067811865476
-SQRT_2_OVER_PI = 0.7978845608028654
-TL_DTYPES = {"f32": "tl.float32", "i64": "tl.int64", "i32": "tl.int32", "bool": "tl.int1"}
+__all__ = ["TL_DTYPES", "TritonEmitter", "literal"]
 
 
 def literal(v: object, dt: str) -> str:
@@ -27,10 +24,6 @@ def literal(v: object, dt: str) -> str:
             return f"float('{'' if f > 0 else '-'}inf')"
         return repr(f)
     return str(int(v))  # type: ignore[call-overload]
-
-
-def _tanh(x: str) -> str:
-    return f"(2.0 * tl.sigmoid(2.0 * {x}) - 1.0)"
 
 
 class TritonEmitter:
@@ -74,87 +67,8 @@ class TritonEmitter:
         return f"({code}) + tl.zeros_like({self.mask}).to(tl.int64)"
 
     def render(self, e: E) -> str:
-        op = e.op
-        if op == "load":
+        if e.op == "load":
             return f"tl.load({e.v} + {self.index(e.args[0])}, mask={self.mask}, other=0)"
-        a = [self(x) for x in e.args]
-        binary = {"iadd": "+", "isub": "-", "imul": "*", "ifloordiv": "//", "imod": "%",
-                  "add": "+", "sub": "-", "mul": "*", "div": "/", "eq": "==", "ne": "!=",
-                  "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "logical_and": "&",
-                  "logical_or": "|", "logical_xor": "^"}
-        if op in binary:
-            return f"({a[0]} {binary[op]} {a[1]})"
-        if op in ("imin", "minimum"):
-            return f"tl.minimum({a[0]}, {a[1]})"
-        if op in ("imax", "maximum"):
-            return f"tl.maximum({a[0]}, {a[1]})"
-        if op == "cast":
-            if e.args[0].op == "size" and e.dt == "f32":  # a scalar argument (int or float)
-                return f"({a[0]} + 0.0)"
-            if e.dt == "bool":
-                return f"({a[0]} != 0)"
-            return f"({a[0]}).to({TL_DTYPES[e.dt]})"
-        if op == "where":
-            return f"tl.where({a[0]}, {a[1]}, {a[2]})"
-        x = a[0] if a else ""
-        simple = {"neg": f"(-{x})", "abs": f"tl.abs({x})", "exp": f"tl.exp({x})",
-                  "exp2": f"tl.exp2({x})", "expm1": f"(tl.exp({x}) - 1.0)", "log": f"tl.log({x})",
-                  "log1p": f"tl.log(1.0 + {x})", "log2": f"tl.log2({x})", "sqrt": f"tl.sqrt({x})",
-                  "rsqrt": f"tl.rsqrt({x})", "reciprocal": f"(1.0 / {x})", "sigmoid": f"tl.sigmoid({x})",
-                  "tanh": _tanh(x), "relu": f"tl.maximum({x}, 0.0)", "erf": f"tl.erf({x})",
-                  "sin": f"tl.sin({x})", "cos": f"tl.cos({x})", "floor": f"tl.floor({x})",
-                  "ceil": f"tl.ceil({x})", "isnan": f"({x} != {x})", "logical_not": f"({x} == 0)",
-                  "trunc": f"tl.where({x} < 0, tl.ceil({x}), tl.floor({x}))",
-                  "round": f"tl.where(tl.floor({x}) + 0.5 == {x}, 2.0 * tl.floor(({x}) * 0.5 + 0.5), tl.floor({x} + 0.5))",
-                  "sign": f"tl.where({x} > 0, 1.0, tl.where({x} < 0, -1.0, 0.0)).to({TL_DTYPES[e.dt]})"}
-        if op in simple:
-            if e.dt != "f32" and op in ("relu", "abs", "neg"):
-                return {"relu": f"tl.maximum({x}, 0)", "abs": f"tl.abs({x})", "neg": f"(-{x})"}[op]
-            return simple[op]
-        if op == "gelu":
-            if e.v == "tanh":
-                inner = f"{SQRT_2_OVER_PI} * ({x} + 0.044715 * {x} * {x} * {x})"
-                return f"(0.5 * {x} * (1.0 + {_tanh('(' + inner + ')')}))"
-            return f"(0.5 * {x} * (1.0 + tl.erf({x} * {INV_SQRT_2})))"
-        if op == "leaky_relu":
-            return f"tl.where({x} > 0, {x}, {x} * {float(e.v)!r})"
-        if op == "elu":
-            alpha, scale, input_scale = e.v
-            return f"tl.where({x} > 0, {x} * {float(scale)!r}, {float(alpha * scale)!r} * (tl.exp({x} * {float(input_scale)!r}) - 1.0))"
-        if op == "clamp":
-            lo, hi = e.v
-            out = x
-            if lo is not None:
-                out = f"tl.maximum({out}, {float(lo)!r})"
-            if hi is not None:
-                out = f"tl.minimum({out}, {float(hi)!r})"
-            return out
-        if op == "pow":
-            return self.power(e, a)
-        if op in ("floordiv", "truncdiv"):
-            q = f"({a[0]} / {a[1]})"
-            if e.dt == "f32":
-                return f"tl.floor({q})" if op == "floordiv" else f"tl.where({q} < 0, tl.ceil({q}), tl.floor({q}))"
-            return f"({a[0]} // {a[1]})"
-        if op == "remainder":
-            return f"({a[0]} - {a[1]} * tl.floor({a[0]} / {a[1]}))" if e.dt == "f32" else f"({a[0]} % {a[1]})"
-        raise UnsupportedError(f"triton: op {op}")
-
-    def power(self, e: E, a: list[str]) -> str:
-        base, expo = e.args
-        if expo.op == "const":
-            p = float(expo.v)
-            if p == 2.0:
-                return f"({a[0]} * {a[0]})"
-            if p == 3.0:
-                return f"({a[0]} * {a[0]} * {a[0]})"
-            if p == 0.5:
-                return f"tl.sqrt({a[0]})"
-            if p == 1.0:
-                return a[0]
-            if p == -1.0:
-                return f"(1.0 / {a[0]})"
-            if p == int(p):
-                sign = "tl.where(" + a[0] + " < 0, " + ("-1.0" if int(p) % 2 else "1.0") + ", 1.0)"
-                return f"({sign} * tl.exp2({p!r} * tl.log2(tl.abs({a[0]}))))"
-        return f"tl.exp2({a[1]} * tl.log2({a[0]}))"
+        if e.op not in TRITON_OPS:  # through the op's decomposition (ops of the table)
+            return self(decompose(e))
+        return render(TRITON_OPS, Call(tuple(self(x) for x in e.args), e))

@@ -1,9 +1,11 @@
-"""Triton GEMM template for a :class:`~.kernels.GemmKernel`: strided operands, fused epilogue.
+"""Triton GEMM template for a :class:`~kforge.agents.expert.plan.kernels.GemmKernel`: strided
+operands, fused epilogue.
 
 ``out[b, m, n] = epilogue(sum_k A[b, m, k] * B[b, k, n])``; A and B are read through the
 strides the planner found (a transposed ``nn.Linear`` weight, a batch, a broadcast operand
 are all just strides), tiles are GROUP_M-swizzled, the K loop accumulates in fp32 and the
-epilogue's stores run on the finished tile. Precision modes (the ``precision`` knob)::
+epilogue's stores run on the finished tile. The ``precision`` knob is a step of the ladder
+(``plan/precision.py``: its cost, error and policy); this is how each step computes::
 
     ieee     fp32 x fp32, exact fp32 FMA (no tensor cores)                  strict
     tf32x3   fp32, error-compensated TF32 (3 tensor-core passes, ~1e-6)     strict
@@ -13,22 +15,20 @@ epilogue's stores run on the finished tile. Precision modes (the ``precision`` k
     bf16x3   hi/lo bf16 split: hi*hi + hi*lo + lo*hi (~1e-5)                strict, relaxed
     fp16, fp16x2, fp16x3  the same with fp16 parts: the tensor cores' bf16 rate, 3 more mantissa
              bits, range +-65504 (an overflow fails verification and the ladder leaves the
-             fp16 steps). A split's lo parts are stored times 2^11 (``FP16_LO_SCALE``: exact,
+             fp16 steps). A split's lo parts are stored times 2^11 (``precision.FP16_LO_SCALE``: exact,
              and never past fp16's range, since |x - hi| <= |hi| 2^-11), so a weight-sized lo
              (~5e-6) stays a normal fp16 number instead of a subnormal one with a few bits; the
              lo products go to an accumulator of their own, scaled back once after the K loop.
              fp16x3 then has tf32x3's error (~10x less than with unscaled lo parts, CPU
              simulation: benchmarks/results/half_split_error_cpu.md)  fp16x3 strict too
 
-Strict admits a step when its designed error is below the strict tolerance (1e-4); whether a
-problem's output actually meets it is the verifier's call, and a mismatch moves the ladder up
-(:mod:`.compiler`). The ``precast`` knob prepares each operand once per call in a small pass
+A mismatch moves the ladder up (``plan/rounds.py``). The ``precast`` knob prepares each operand once per call in a small pass
 (``_kf_precast``): on the bf16 steps it rounds / splits it to bf16 hi [and lo], laid out along
 its contiguous dimension, so the K loop streams half the bytes and feeds the tensor cores
 straight from shared memory (without it the K loop loads fp32 and converts every tile in
 registers); on the fp32 steps it copies an operand whose K is not its contiguous dimension into a
 K-major one (TF32 tensor-core operands must be K-major; a transposed tile costs 1.5-4x).
-The ``b_regs`` knob (the default of bf16, fp16 and fp16x3: :data:`STEP_B_REGS`) precasts A
+The ``b_regs`` knob (the default of bf16, fp16 and fp16x3: :data:`.tiles.STEP_TILES`) precasts A
 only: B is loaded as fp32 and rounded [and split] in registers, and the tile is computed
 transposed (``acc`` is [BLOCK_N, BLOCK_M], B's tile is ``tl.dot``'s first operand) so the
 converted operand feeds the tensor cores from registers; the weight then costs no pass of its
@@ -44,163 +44,23 @@ arithmetic, checkable on a CPU.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import sympy
 
 from kforge.agents.expert.codegen.candidate import py_expr
+from kforge.agents.expert.codegen.triton.args import Args, resolver
 from kforge.agents.expert.codegen.triton.expr import TritonEmitter
-from kforge.agents.expert.errors import PlanError
-from kforge.agents.expert.plan.kernels import GemmKernel, Program
-
-STRICT_PRECISIONS = ("bf16x3", "fp16x3", "tf32x3", "ieee")
-RELAXED_PRECISIONS = ("bf16", "fp16", "bf16x2", "fp16x2", "tf32", "bf16x3", "fp16x3", "tf32x3", "ieee")
-# Steps whose products are 16-bit tensor-core operands (hi, and lo where split), and their type.
-HALF_STEPS = ("bf16", "bf16x2", "bf16x3", "fp16", "fp16x2", "fp16x3")
-SPLITS = {"bf16": (False, False), "bf16x2": (True, False), "bf16x3": (True, True),  # (A, B) hi/lo
-          "fp16": (False, False), "fp16x2": (True, False), "fp16x3": (True, True)}
+from kforge.agents.expert.codegen.triton.tiles import b_in_registers
+from kforge.agents.expert.plan.expr import as_size
+from kforge.agents.expert.plan.kernels import GemmKernel
+from kforge.agents.expert.plan.knobs import TritonGemm
+from kforge.agents.expert.plan.precision import FP16_LO_SCALE, STEPS, Step
 
 
-SMEM_LIMIT = 232448  # bytes of shared memory a Triton program may use on the H100/H200
-# fp32 accumulator registers a thread may hold: a 128 x 256 tile over 8 warps is 128 (Hopper's
-# wgmma keeps the accumulator in registers; twice that spills)
-ACC_REGS_LIMIT = 128
-FP16_LO_SCALE = 2048  # 2^11: an fp16 split's lo parts are stored scaled by it (see the docstring)
-
-
-def half_type(precision: str) -> str:
+def half_type(step: Step) -> str:
     """The Triton type of a 16-bit step's parts."""
-    return "tl.float16" if precision.startswith("fp16") else "tl.bfloat16"
-
-
-def scaled_lo(precision: str) -> bool:
-    """Does the step split an operand into fp16 parts (lo stored times ``FP16_LO_SCALE``, its
-    products summed in a second accumulator)?"""
-    return precision.startswith("fp16") and any(SPLITS.get(precision, (False, False)))
-
-
-def allowed_precisions(policy: str) -> tuple[str, ...]:
-    if policy == "strict":
-        return STRICT_PRECISIONS
-    if policy == "relaxed":
-        return RELAXED_PRECISIONS
-    raise PlanError(f"unknown precision policy {policy!r}: 'strict' or 'relaxed'")
-
-
-# Tiles per precision step, from H200 / H100 sweeps of 1024 x 8192 x 8192 GEMMs + epilogue
-# (benchmarks/results/gemm_epilogue_h200.md, gemm_ladder_h100_bregs.md):
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages).
-STEP_TILES: dict[str, tuple[int, int, int, int, int]] = {
-    "bf16": (256, 128, 64, 8, 3),
-    "bf16x2": (128, 256, 64, 8, 3),
-    "bf16x3": (128, 256, 32, 8, 3),
-    "fp16": (256, 128, 64, 8, 3),  # fp16: bf16's tiles (same rate, same bytes; not swept)
-    "fp16x2": (128, 128, 64, 8, 3),  # split fp16 steps: two accumulators, half bf16x3's tile
-    "fp16x3": (128, 128, 64, 8, 3),
-    "tf32": (128, 256, 32, 8, 3),
-    "tf32x3": (128, 64, 32, 4, 4),
-    "ieee": (128, 128, 32, 8, 3),
-}
-
-
-# Steps whose B operand (the weight) is rounded in registers rather than precast (``b_regs``):
-# on the H100, bf16 with b_regs at 256x128x64 ran 0.34 ms against 0.375 ms for the best precast
-# plan, 1024 x 8192 x 8192 (the weight's per-call pass is gone); bf16x2 / bf16x3 lost with it
-# (twice the in-register splitting per tile). fp16x3 (lo scaled, 128 x 128 x 64) won with it on
-# the H100: 0.848-1.162 ms against 0.907-1.253 ms precast, on 001, 020, 045 and 048
-# (benchmarks/results/gemm_fp16x3_scaled_h100.md).
-STEP_B_REGS = {"bf16": 1, "fp16": 1, "fp16x3": 1}
-
-
-def step_knobs(knobs: dict[str, Any], precision: str, m: int, n: int) -> dict[str, Any]:
-    """``knobs`` moved to ``precision`` with that step's tiles (a new step is a new kernel)."""
-    bm, bn, bk, warps, stages = STEP_TILES[precision]
-    out = {**knobs, "precision": precision, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-           "num_warps": warps, "num_stages": stages, "precast": 1, "b_regs": STEP_B_REGS.get(precision, 0),
-           "tma": STEP_B_REGS.get(precision, 0)}
-    if m <= 64 or n <= 64:  # skinny: smaller tiles keep more programs busy
-        out.update(BLOCK_M=64 if m > 64 else 32, BLOCK_N=64 if n > 64 else 32, num_warps=4)
-    return fit_shared_memory(fit_registers(out))
-
-
-# Round 0's step: fp16 where bf16 was (the same tensor-core rate and bytes, ~8x less error: on
-# the H100 17 of 41 level2 problems missed the relaxed tolerance with bf16 operands at margins
-# of 1.03-5.3, 15 on the H200 before), fp16x3 where bf16x3 was (~0.6x its error in a CPU simulation of a
-# 256 x 8192 x 8192 nn.Linear GEMM).
-DEFAULT_STEP = {"relaxed": "fp16", "strict": "fp16x3"}
-
-
-def default_gemm_knobs(program: Program, k: GemmKernel, policy: str) -> dict[str, Any]:
-    """The cheapest step the policy allows (the verifier decides whether it is enough)."""
-    base = {"GROUP_M": 8, "precast": 1}
-    return step_knobs(base, DEFAULT_STEP[policy] if policy in DEFAULT_STEP else "bf16x3",
-                      program.hint(k.m), program.hint(k.n))
-
-
-def check_knobs(knobs: dict[str, Any], policy: str) -> dict[str, Any]:
-    if knobs["precision"] not in allowed_precisions(policy):
-        raise PlanError(f"precision {knobs['precision']!r} is not allowed under the {policy} policy "
-                        f"(allowed: {', '.join(allowed_precisions(policy))})")
-    for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
-        v = knobs[key]
-        if not isinstance(v, int) or v < 16 or v & (v - 1):
-            raise PlanError(f"{key} must be a power of two >= 16, got {v!r}")
-    for key in ("precast", "b_regs", "tma"):
-        if knobs.get(key, 0) not in (0, 1):  # True / False compare equal to 1 / 0
-            raise PlanError(f"{key} must be 0 or 1, got {knobs[key]!r}")
-    return fit_shared_memory(fit_registers(knobs))
-
-
-def acc_regs(knobs: dict[str, Any]) -> int:
-    """fp32 accumulator registers per thread: the tile over the program's threads, twice for a
-    split fp16 step (:func:`scaled_lo`)."""
-    accumulators = 2 if scaled_lo(knobs.get("precision", "")) else 1
-    return accumulators * knobs["BLOCK_M"] * knobs["BLOCK_N"] // (32 * int(knobs.get("num_warps", 4)))
-
-
-def fit_registers(knobs: dict[str, Any], limit: int = ACC_REGS_LIMIT) -> dict[str, Any]:
-    """The larger of BLOCK_M / BLOCK_N halved until the accumulators fit ``limit`` registers
-    a thread (a tile that spills its accumulator runs at a fraction of the tensor cores' rate)."""
-    fitted = dict(knobs)
-    while acc_regs(fitted) > limit and max(fitted["BLOCK_M"], fitted["BLOCK_N"]) > 16:
-        key = "BLOCK_N" if fitted["BLOCK_N"] >= fitted["BLOCK_M"] else "BLOCK_M"
-        fitted[key] //= 2
-    return fitted
-
-
-def operand_bytes(knobs: dict[str, Any]) -> tuple[int, int]:
-    """Bytes per element that one pipeline stage holds for A and for B."""
-    precision = knobs.get("precision", "ieee")
-    if precision in HALF_STEPS and knobs.get("precast"):
-        split_a, split_b = SPLITS[precision]
-        return (4 if split_a else 2), (4 if split_b or knobs.get("b_regs") else 2)
-    return 4, 4
-
-
-def b_in_registers(knobs: dict[str, Any]) -> bool:
-    """The ``b_regs`` knob in effect: a 16-bit step with A precast (see :func:`loop_body`)."""
-    return bool(knobs.get("b_regs")) and bool(knobs.get("precast")) and knobs.get("precision") in HALF_STEPS
-
-
-def gemm_smem_bytes(knobs: dict[str, Any]) -> int:
-    ea, eb = operand_bytes(knobs)
-    return int(knobs["num_stages"]) * (knobs["BLOCK_M"] * ea + knobs["BLOCK_N"] * eb) * knobs["BLOCK_K"]
-
-
-def fit_shared_memory(knobs: dict[str, Any], limit: int = SMEM_LIMIT,
-                      smem_bytes: Callable[[dict[str, Any]], int] = gemm_smem_bytes) -> dict[str, Any]:
-    """Fewer stages (down to 2), then a shorter BLOCK_K, until the pipeline fits ``limit``
-    (``smem_bytes`` says what a tile configuration needs)."""
-    fitted = dict(knobs)
-    while smem_bytes(fitted) > limit:
-        if fitted["num_stages"] > 2:
-            fitted["num_stages"] -= 1
-        elif fitted["BLOCK_K"] > 16:
-            fitted["BLOCK_K"] //= 2
-        else:
-            raise PlanError(f"GEMM tiles {knobs} cannot fit {limit} bytes of shared memory")
-    return fitted
+    return "tl.float16" if step.parts == "fp16" else "tl.bfloat16"
 
 
 def _half_dot(x: str, y: str, swap: bool = False, acc: str = "acc") -> list[str]:
@@ -211,17 +71,17 @@ def _half_dot(x: str, y: str, swap: bool = False, acc: str = "acc") -> list[str]
             f"    {acc} = tl.dot({x}, {y}, {acc})"]
 
 
-def loop_body(precision: str, precast: bool = False, b_regs: bool = False) -> list[str]:
+def loop_body(step: Step, precast: bool = False, b_regs: bool = False) -> list[str]:
     """The K loop's products; with ``precast`` the tiles arrive as bf16 hi (and lo) already.
     ``b_regs``: A arrives precast, B as fp32, rounded [and split] in registers, and the tile is
     computed transposed (B's tile is ``tl.dot``'s first operand, which wgmma reads from
     registers), so B never takes a separate pass through memory."""
-    if precision not in HALF_STEPS:
-        return [f"acc = tl.dot(a, b, acc, input_precision={precision!r})"]
-    split_a, split_b = SPLITS[precision]
-    half = half_type(precision)
-    # fp16 splits: lo scaled by 2^11 into an accumulator of its own (:func:`scaled_lo`)
-    lo_acc, up = ("acc_lo", f" * {FP16_LO_SCALE}.0") if scaled_lo(precision) else ("acc", "")
+    if step.parts is None:
+        return [f"acc = tl.dot(a, b, acc, input_precision={step.name!r})"]
+    split_a, split_b = step.split
+    half = half_type(step)
+    # fp16 splits: lo scaled by 2^11 into an accumulator of its own (``Step.scaled_lo``)
+    lo_acc, up = ("acc_lo", f" * {FP16_LO_SCALE}.0") if step.scaled_lo else ("acc", "")
     lines = [] if precast else [f"a_hi = a.to({half})"]
     lines += [f"b_hi = b.to({half})"] if b_regs or not precast else []
     if split_a and not precast:
@@ -300,17 +160,15 @@ def _kf_tma(t, off, strides, nb, rows, cols, block):
 '''.replace("@LO_SCALE@", f"{FP16_LO_SCALE}.0")
 
 
-def uses_precast(knobs: dict[str, dict[str, Any]]) -> bool:
-    return any(kv.get("precast") and "precision" in kv for kv in knobs.values())
+def uses_precast(knobs: list[TritonGemm]) -> bool:
+    return any(k.precast for k in knobs)
 
 
-def gemm_kernel(k: GemmKernel, knobs: dict[str, Any], policy: str) -> tuple[str, list[str]]:
-    from kforge.agents.expert.codegen.triton.render import Args, _resolver
-
-    precision = knobs["precision"]
-    precast = bool(knobs.get("precast"))
+def gemm_kernel(k: GemmKernel, knobs: TritonGemm) -> tuple[str, list[str]]:
+    step = STEPS[knobs.precision]
+    precast = bool(knobs.precast)
     b_regs = b_in_registers(knobs)
-    tma = b_regs and bool(knobs.get("tma"))
+    tma = b_regs and bool(knobs.tma)
     args = Args()
     if not precast:
         args.buffer(k.a.buffer)
@@ -322,21 +180,20 @@ def gemm_kernel(k: GemmKernel, knobs: dict[str, Any], policy: str) -> tuple[str,
     sizes = {n: args.size(v) for n, v in (("M", k.m), ("N", k.n), ("K", k.k))}
 
     def stride(e: Any) -> str:
-        return str(e.v) if e.op == "const" else args.size(e.v)
+        return str(e.v) if e.op == "const" else args.size(as_size(e))
 
     def py_stride(e: Any) -> str:
-        return str(e.v) if e.op == "const" else f"({py_expr(e.v)})"
+        return str(e.v) if e.op == "const" else f"({py_expr(as_size(e))})"
 
+    split_a, split_b = step.split
     if b_regs:
-        split_a, split_b = SPLITS[precision]
         operands = "pa_hi, pa_lo, sa0, sa1, sa2, oa, " + ("a_desc, alo_desc, b_desc, " if tma else "")
         sa, sb = ["sa0", "sa1", "sa2"], [stride(e) for e in k.b.strides]
         loads = {"a": ["a_hi"] + (["a_lo"] if split_a else []), "b": ["b"]}
     elif precast:
-        split_a, split_b = SPLITS.get(precision, (False, False))
         operands = "pa_hi, pa_lo, pb_hi, pb_lo, sa0, sa1, sa2, sb0, sb1, sb2, oa, ob, "
         sa, sb = ["sa0", "sa1", "sa2"], ["sb0", "sb1", "sb2"]
-        if precision in HALF_STEPS:
+        if step.parts is not None:
             loads = {"a": ["a_hi"] + (["a_lo"] if split_a else []), "b": ["b_hi"] + (["b_lo"] if split_b else [])}
         else:  # fp32 operands, K-major
             loads = {"a": ["a"], "b": ["b"]}
@@ -345,9 +202,9 @@ def gemm_kernel(k: GemmKernel, knobs: dict[str, Any], policy: str) -> tuple[str,
         sa = [stride(e) for e in k.a.strides]
         sb = [stride(e) for e in k.b.strides]
         loads = {"a": ["a"], "b": ["b"]}
-    emit = TritonEmitter(_resolver(args, {"e0": "bb", "e1": "rm2", "e2": "rn2"}, {"acc": "acc"}), "out_mask")
+    emit = TritonEmitter(resolver(args, {"e0": "bb", "e1": "rm2", "e2": "rn2"}, {"acc": "acc"}), "out_mask")
     stores = [f"    tl.store({st.buffer} + {emit.index(st.index)}, {emit(st.value)}, mask=out_mask)" for st in k.stores]
-    body = "\n".join("        " + line for line in loop_body(precision, precast and precision in HALF_STEPS, b_regs))
+    body = "\n".join("        " + line for line in loop_body(step, precast and step.parts is not None, b_regs))
     M, N, K = sizes["M"], sizes["N"], sizes["K"]
     # b_regs: tiles and accumulator transposed ([BLOCK_K, BLOCK_M] of A, [BLOCK_N, BLOCK_K] of B)
     a_k, b_k = ("rk[:, None]", "rk[None, :]") if b_regs else ("rk[None, :]", "rk[:, None]")
@@ -381,7 +238,7 @@ def gemm_kernel(k: GemmKernel, knobs: dict[str, Any], policy: str) -> tuple[str,
                    f"    b_off = {b_rel} + rk[:, None] * {sb[1]} + {b_cols}[None, :] * {sb[2]}\n"
                    "    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
     untranspose = "    acc = tl.trans(acc)\n" if b_regs else ""
-    if scaled_lo(precision):  # the lo products' accumulator, scaled back once (exact: 2^-11)
+    if step.scaled_lo:  # the lo products' accumulator, scaled back once (exact: 2^-11)
         offsets += "\n    acc_lo = tl.zeros_like(acc)"
         untranspose = f"    acc += acc_lo * (1.0 / {FP16_LO_SCALE})\n" + untranspose
     src = f"""@triton.jit
@@ -414,15 +271,15 @@ def {k.name}({operands}{args.params()},
     out_mask = (rm2 < {M}) & (rn2 < {N})
 {chr(10).join(emit.lines)}
 {chr(10).join(stores)}"""
-    bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
+    bm, bn, bk = knobs.BLOCK_M, knobs.BLOCK_N, knobs.BLOCK_K
     batch = py_expr(k.batch) if k.batch is not None else "1"
     grid = f"(triton.cdiv({py_expr(k.m)}, {bm}) * triton.cdiv({py_expr(k.n)}, {bn}), {batch})"
     even = f"({py_expr(k.k)}) % {bk} == 0" if not sympy.sympify(k.k).is_Integer else str(int(k.k) % bk == 0)
     launch: list[str] = []
     call_operands = ""
     if precast:
-        bf16 = precision in HALF_STEPS
-        fp16 = ", fp16=True" if precision.startswith("fp16") else ""
+        bf16 = step.parts is not None
+        fp16 = ", fp16=True" if step.parts == "fp16" else ""
         ops = (("a", k.a, k.m, k.k, split_a, 2), ("b", k.b, k.k, k.n, split_b, 1))
         for op, name, rows, cols, split, k_dim in ops[:1] if b_regs else ops:
             st = ", ".join(py_stride(e) for e in name.strides)
@@ -431,7 +288,7 @@ def {k.name}({operands}{args.params()},
                           f"{batch}, {py_expr(rows)}, {py_expr(cols)}, {mode}, {k_dim}{fp16})")
         if tma:  # TMA where every operand allows it (:func:`_kf_tma`), else the pointer loads
             b_st = ", ".join(py_stride(e) for e in k.b.strides)
-            blocks = f"({bm}, {knobs['BLOCK_K']})", f"({knobs['BLOCK_N']}, {knobs['BLOCK_K']})"
+            blocks = f"({bm}, {knobs.BLOCK_K})", f"({knobs.BLOCK_N}, {knobs.BLOCK_K})"
             launch += [f"_ta = _kf_tma(_pa_hi, _oa, _sa, {batch}, {py_expr(k.m)}, {py_expr(k.k)}, {blocks[0]})",
                        f"_tl = _kf_tma(_pa_lo, _oa, _sa, {batch}, {py_expr(k.m)}, {py_expr(k.k)}, {blocks[0]})"
                        if split_a else "_tl = _ta",
@@ -443,6 +300,6 @@ def {k.name}({operands}{args.params()},
                        "    _ta = _tl = _tb = None"]
         call_operands = ("_pa_hi, _pa_lo, *_sa, _oa, " + ("_ta, _tl, _tb, " if tma else "")) if b_regs else "_pa_hi, _pa_lo, _pb_hi, _pb_lo, *_sa, *_sb, _oa, _ob, "
     launch.append(f"{k.name}[{grid}]({call_operands}{args.launch_args()}, BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, "
-                  f"GROUP_M={knobs['GROUP_M']}, EVEN_K={even}, INTERPRETED=_INTERPRETED, " + ("TMA=_tma, " if tma else "") +
-                  f"num_warps={knobs['num_warps']}, num_stages={knobs['num_stages']})")
+                  f"GROUP_M={knobs.GROUP_M}, EVEN_K={even}, INTERPRETED=_INTERPRETED, " + ("TMA=_tma, " if tma else "") +
+                  f"num_warps={knobs.num_warps}, num_stages={knobs.num_stages})")
     return src, launch
