@@ -1,0 +1,109 @@
+"""kforge.models on the CPU: a model file cut into regions, the regions through the pipeline, the
+stitched forward verified and timed end to end; a region that fails keeps its own ops and the
+model still verifies; two layers of a stack are one cell; transformers decoders are captured
+and cut (their whole run is benchmarks/models_cpu.py's)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from kforge.models.graph import capture_model
+from kforge.models.partition import partition
+from kforge.models.run import run_model
+from kforge.models.stitch import prefixed
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Three identical blocks (one cell) and an embedding the expert cannot plan (a region that fails).
+TINY = '''
+import torch
+import torch.nn as nn
+
+batch = 8
+dim = 32
+vocab = 50
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.up = nn.Linear(dim, 2 * dim)
+        self.down = nn.Linear(2 * dim, dim)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(self.norm(x))))
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.Sequential(Block(), Block(), Block())
+        self.head = nn.Linear(dim, 4)
+
+    def forward(self, ids):
+        return self.head(self.blocks(self.embed(ids)))
+
+
+def get_inputs():
+    return [torch.randint(0, vocab, (batch,))]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "tiny.py"
+    path.write_text(TINY)
+    return path
+
+
+def test_a_stack_of_identical_blocks_is_one_cell(tiny: Path) -> None:
+    graph = capture_model(tiny, preset="full")
+    part = partition(graph.gm, graph.model, graph.inputs)
+    digests = [r.digest for r in part.regions]
+    assert len(digests) > len(set(digests))  # the three blocks share one
+    out = part.split(*graph.inputs)
+    ref = graph.model(*graph.inputs)
+    assert torch.allclose(out[0] if isinstance(out, tuple) else out, ref)
+
+
+def test_prefixed_keeps_several_candidates_apart() -> None:
+    src = 'CPP_SOURCE = "int f() { return 1; }"\nlib = 1\n\n\nclass ModelNew:\n    x = lib\n'
+    out = prefixed(src, "r2")
+    assert "CPP_SOURCE_r2 = " in out and "_r2_lib = 1" in out and "class _r2_ModelNew" in out and "x = _r2_lib" in out
+
+
+@pytest.mark.slow
+def test_a_model_through_its_regions_is_verified_end_to_end(tiny: Path, tmp_path: Path) -> None:
+    record = run_model(tiny, tmp_path / "out", preset="full", cores=2, e2e_reps=8, kernels="verified",
+                       rounds={"functional": 0, "optimization": 0}, profile={"warmup": 1, "reps": 8,
+                                                                            "compile_baseline": False})
+    assert record.stage == "timed", (record.stage, record.error, record.e2e)
+    statuses = {r.problem: r.status for r in record.regions}
+    assert len(statuses) < len(record.regions)  # the blocks were one cell
+    embed = next(r for r in record.regions if "embed" in r.label)
+    assert embed.status == "failed" and embed.detail  # kept as its own ops, and says why
+    assert any(r.status != "failed" for r in record.regions)  # a region got a verified kernel
+    assert record.e2e is not None and record.e2e.verified and record.e2e.candidate_ms and record.e2e.eager_ms
+    assert "# region " in (tmp_path / "out" / "stitched.py").read_text()  # its kernel is in the stitch
+    saved = json.loads((tmp_path / "out" / "model.json").read_text())
+    assert saved["e2e"]["verified"] and (tmp_path / "out" / "regions.parquet").is_file()
+
+
+@pytest.mark.parametrize("name", ["llama_dense", "gpt_oss_moe"])
+def test_the_decoders_are_captured_and_cut(name: str) -> None:
+    pytest.importorskip("transformers")
+    graph = capture_model(REPO / "models" / f"{name}.py", preset="ci")
+    part = partition(graph.gm, graph.model, graph.inputs)
+    assert len(part.regions) > 4 and len({r.digest for r in part.regions}) < len(part.regions)
+    out = part.split(*graph.inputs)
+    assert torch.allclose(out[0] if isinstance(out, tuple) else out, graph.model(*graph.inputs), atol=1e-5)
