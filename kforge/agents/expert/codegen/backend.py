@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from kforge.agents.expert.codegen.optable import OpTable
     from kforge.agents.expert.plan.expr import E
     from kforge.agents.expert.plan.kernels import GemmKernel, Program
-    from kforge.agents.expert.plan.knobs import KernelKnobs, ProgramKnobs
+    from kforge.agents.expert.plan.knobs import KernelKnobs, ProgramKnobs, ProgramLevel
     from kforge.agents.expert.plan.precision import Step
     from kforge.agents.expert.plan.record import ExpertPlan
     from kforge.schema import AnalysisRequest, Recommendation
@@ -80,6 +80,29 @@ BACKENDS: Mapping[str, BackendEntry] = {e.platform: e for e in (
     BackendEntry("cpu", "kforge.agents.expert.codegen.cpu.backend"),
     BackendEntry("cuda", "kforge.agents.expert.codegen.cuda.backend"),
 )}
+
+
+class KernelRecords:
+    """What the backends with a knob record per kernel kind share (triton, cuda): reading a
+    plan's knobs back as those records, fitting each GEMM's with the backend's rules."""
+
+    records: Mapping[str, type[KernelKnobs]]  # kernel kind -> its record
+    level: type[ProgramLevel] | None = None  # the whole program's record, if any
+
+    def fit_gemm(self, knobs: KernelKnobs, policy: str) -> KernelKnobs:
+        raise NotImplementedError
+
+    def fit(self, program: Program, knobs: ProgramKnobs, policy: str) -> ProgramKnobs:
+        for name, kv in knobs.kernels.items():
+            if isinstance(kv, self.records["gemm"]):
+                knobs = knobs.with_kernel(name, self.fit_gemm(kv, policy))
+        return knobs
+
+    def knobs_of(self, plan: ExpertPlan) -> ProgramKnobs:
+        from kforge.agents.expert.plan.knobs import ProgramKnobs
+
+        kinds = {k.name: k.kind for k in plan.kernels}
+        return ProgramKnobs.from_record(plan.knobs, kinds, self.records, plan.program_knobs, self.level)
 
 
 def get_backend(platform: str) -> Backend:

@@ -196,6 +196,24 @@ def forward_source(program: Program, arg_names: list[str], launch: Callable[[Ker
     return "\n".join(f"        {line}" for line in lines)
 
 
+def input_device(program: Program) -> str:
+    """``forward``'s device line: the device of its first tensor argument."""
+    return "_device = next(a.device for a in (" + "".join(f"x{i}, " for i in range(len(program.inputs))) + \
+        ") if isinstance(a, torch.Tensor))"
+
+
+def model_new_class(program: Program, problem_source: str, launches: dict[str, list[str]],
+              device_line: str) -> tuple[list[str], str]:
+    """:func:`model_new_source` with each kernel's launch lines, the first kernel's preceded by
+    the shape guard (a size the capture fixed: a clear error, not a fault)."""
+    first = program.kernels[0].name if program.kernels else ""
+
+    def launch(kernel: Kernel) -> list[str]:
+        return (shape_guard(program) if kernel.name == first else []) + launches[kernel.name]
+
+    return model_new_source(program, problem_source, launch, device_line)
+
+
 def model_new_source(program: Program, problem_source: str, launch: Callable[[Kernel], list[str]],
                      device_line: str, bind: Callable[[str], str] = lambda e: e) -> tuple[list[str], str]:
     """(the problem's imports, the ``ModelNew`` class source)."""

@@ -20,11 +20,7 @@ Loop shapes per kernel kind:
 
 from __future__ import annotations
 
-from kforge.agents.expert.codegen.candidate import (
-    STATE_HELPER,
-    model_new_source,
-    shape_guard,
-)
+from kforge.agents.expert.codegen.candidate import STATE_HELPER, model_new_class
 from kforge.agents.expert.codegen.cpu.gemm import gemm_body, gemm_prelude
 from kforge.agents.expert.codegen.cpu.ops import CPU_OPS, PRELUDE
 from kforge.agents.expert.codegen.cstyle import CTYPES, Block, CKernel, Scope
@@ -257,12 +253,7 @@ def render_cpu(program: Program, kn: CpuKnobs, problem_source: str) -> str:
     if '"""' in cpp:  # pragma: no cover - nothing we emit has one
         raise UnsupportedError("generated C++ contains a triple quote")
 
-    first = program.kernels[0].name if program.kernels else ""
-
-    def launch(kernel: Kernel) -> list[str]:
-        return (shape_guard(program) if kernel.name == first else []) + launches[kernel.name]
-
-    imports, cls = model_new_source(program, problem_source, launch, "_device = torch.device('cpu')\n        _nt = cpu_runtime.threads()")
+    imports, cls = model_new_class(program, problem_source, launches, "_device = torch.device('cpu')\n        _nt = cpu_runtime.threads()")
     std = ["import ctypes", "import torch", "import torch.nn as nn"]
     head = "\n".join(dict.fromkeys([*std, *imports]))
     return (HEADER.format(summary=program.summary(), knobs=kn.describe()) + "\n" + head

@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 from kforge.agents.expert.analysis.cuda import recommend_cuda
-from kforge.agents.expert.codegen.candidate import STATE_HELPER, model_new_source, shape_guard
+from kforge.agents.expert.codegen.backend import KernelRecords
+from kforge.agents.expert.codegen.candidate import STATE_HELPER, input_device, model_new_class
 from kforge.agents.expert.codegen.cstyle import render_expr
 from kforge.agents.expert.codegen.cuda.gemm import CUDA_STEPS, GemmRender, check, default_gemm
 from kforge.agents.expert.codegen.cuda.ops import CUDA_OPS, PRELUDE
@@ -28,7 +29,7 @@ from kforge.agents.expert.codegen.cuda.render import DEVICE, PointwiseRender, Ro
 from kforge.agents.expert.codegen.optable import OpTable
 from kforge.agents.expert.errors import UnsupportedError
 from kforge.agents.expert.plan.expr import E
-from kforge.agents.expert.plan.kernels import GemmKernel, Kernel, Program, RowKernel
+from kforge.agents.expert.plan.kernels import GemmKernel, Program, RowKernel
 from kforge.agents.expert.plan.knobs import (
     CudaGemm,
     CudaPointwise,
@@ -38,7 +39,6 @@ from kforge.agents.expert.plan.knobs import (
     ProgramKnobs,
 )
 from kforge.agents.expert.plan.precision import Step, first_step
-from kforge.agents.expert.plan.record import ExpertPlan
 
 RENDER: dict[str, Any] = {"pointwise": PointwiseRender, "row": RowRender, "scan": ScanRender, "gemm": GemmRender}
 RECORDS: dict[str, type[KernelKnobs]] = {"pointwise": CudaPointwise, "row": CudaRow, "scan": CudaScan,
@@ -98,9 +98,10 @@ def wrapper(name: str, fn: str, launcher: list[str]) -> tuple[str, str]:
     return decl, f"void {name}({', '.join(params)}) {{\n{body}\n}}\n"
 
 
-class CudaBackend:
+class CudaBackend(KernelRecords):
     platform = "cuda"
     steps = CUDA_STEPS
+    records = RECORDS
 
     def op_tables(self) -> tuple[OpTable, ...]:
         return (CUDA_OPS,)
@@ -115,11 +116,9 @@ class CudaBackend:
         """A GEMM at another step takes that step's round-0 tiles (a new step is a new kernel)."""
         return default_gemm(step.name, program.hint(kernel.m), program.hint(kernel.n))
 
-    def fit(self, program: Program, knobs: ProgramKnobs, policy: str) -> ProgramKnobs:
-        for name, kv in knobs.kernels.items():
-            if isinstance(kv, CudaGemm):
-                knobs = knobs.with_kernel(name, check(kv, policy))
-        return knobs
+    def fit_gemm(self, knobs: KernelKnobs, policy: str) -> KernelKnobs:
+        assert isinstance(knobs, CudaGemm)
+        return check(knobs, policy)
 
     def render(self, program: Program, knobs: ProgramKnobs, policy: str, problem_source: str) -> str:
         kernels, decls, wrappers, launches = [], [], [], {}
@@ -136,14 +135,7 @@ class CudaBackend:
         cpp = CPP_PRELUDE + "\n" + "\n".join(decls) + "\n\n" + "\n".join(wrappers)
         if '"""' in cuda + cpp:  # pragma: no cover - nothing we emit has one
             raise UnsupportedError("generated C++ contains a triple quote")
-        first = program.kernels[0].name if program.kernels else ""
-
-        def launch(kernel: Kernel) -> list[str]:  # a size the capture fixed: a clear error, not a fault
-            return (shape_guard(program) if kernel.name == first else []) + launches[kernel.name]
-
-        device_line = "_device = next(a.device for a in (" + "".join(f"x{i}, " for i in range(len(program.inputs))) + \
-            ") if isinstance(a, torch.Tensor))"
-        imports, model_new = model_new_source(program, problem_source, launch, device_line)
+        imports, model_new = model_new_class(program, problem_source, launches, input_device(program))
         head = "\n".join(dict.fromkeys(["import torch", "import torch.nn as nn", *imports]))
         knob_text = "; ".join(f"{name}: {kv.describe()}" for name, kv in knobs.kernels.items())
         return (HEADER.format(summary=program.summary(), policy=policy, knobs=knob_text) + "\n" + head
@@ -153,10 +145,6 @@ class CudaBackend:
                 + 'CUDA_FLAGS = ["-O3"]\n\n'
                 + "_ext = load_extension(CUDA_SOURCE, CPP_SOURCE, FUNCTIONS, extra_cuda_cflags=CUDA_FLAGS)\n\n\n"
                 + STATE_HELPER + "\n\n" + model_new)
-
-    def knobs_of(self, plan: ExpertPlan) -> ProgramKnobs:
-        kinds = {k.name: k.kind for k in plan.kernels}
-        return ProgramKnobs.from_record(plan.knobs, kinds, RECORDS, plan.program_knobs, None)
 
     recommend = staticmethod(recommend_cuda)
 
