@@ -70,7 +70,7 @@ def truncate(text: str, limit: int = FEEDBACK_CHARS) -> str:
 # --------------------------------------------------------------------------- scrubbing
 # Error text shown to a model keeps the candidate's own file names and lines, and loses
 # absolute paths and quoted source lines of every other file (the host's layout and other
-# files' contents are none of the model's business; see docs/VERIFY.md, "Sandbox").
+# files' contents are none of the model's business; see docs/VERIFY_DESIGN.md, "The processes, and what each may see").
 
 CANDIDATE_STEMS = ("candidate", "kernel", "solution")  # what platforms name candidate files
 _PATH = re.compile(r"(?<![\w.~<>:/-])/(?:[\w.+@~-]+/)*[\w.+@~-]+")
