@@ -9,6 +9,7 @@ from kforge.config import parse_config
 from kforge.stages.context import StageContext, record_digest, write_record
 from kforge.stages.example import run_example
 from kforge.stages.generate import run_generate
+from kforge.stages.problem import run_problem
 from kforge.stages.records import SelectionRecord
 from kforge.store import Store
 
@@ -29,7 +30,7 @@ def context(tmp_path: Path) -> StageContext:
 
 def generate_with(ctx: StageContext, tmp_path: Path, best: Path):  # type: ignore[no-untyped-def]
     problem_record = tmp_path / "problem.json"
-    problem_record.write_text("{}")
+    run_problem(ctx, "s", PROBLEM, problem_record)
     example = tmp_path / "example.json"
     run_example(ctx, "triton", example)
     return run_generate(ctx, agent="expert", platform="triton", suite="s", problem=PROBLEM,

@@ -70,7 +70,10 @@ def generate_cached(
     from kforge.agents.registry import make_agent
 
     start = time.perf_counter()
-    result = make_agent(agent, ctx.config.agents[agent], ctx.store).generate(request)
+    try:
+        result = make_agent(agent, ctx.config.agents[agent], ctx.store).generate(request)
+    except Exception as err:  # an agent's crash is this round's failed generation, not the stage's
+        result = agent_crashed(ctx, agent, err)
     if not result.transcript.latency_s:  # the embedded agent does not time itself
         result.transcript.latency_s = round(time.perf_counter() - start, 3)
     ctx.ledger("agent_call", role="generate", agent=agent, problem=request.problem_name, round=request.round)
@@ -154,6 +157,16 @@ def pick_fastest_sample(
     )
     return GenerationResult(source=ctx.store.get_text(chosen["source"]), extraction=chosen["extraction"],
                             plan=plan, transcript=transcript)
+
+
+def agent_crashed(ctx: StageContext, agent: str, err: Exception) -> GenerationResult:
+    """The round's result when the agent itself raised: no candidate, extraction
+    ``agent_error``, the exception on one line in the transcript (the cell goes on: a later
+    round or another problem is not lost to one agent bug)."""
+    line = f"{type(err).__name__}: {err}".splitlines()[0][:500]
+    transcript = Transcript(agent=agent, model=ctx.config.agents[agent].model, role="generate", messages=[],
+                            response=f"agent error: {line}", error=line)
+    return GenerationResult(source=None, extraction=f"agent_error: {line}", transcript=transcript)
 
 
 def not_asked(ctx: StageContext, agent: str, why: str) -> GenerationResult:
