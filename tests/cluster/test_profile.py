@@ -90,10 +90,13 @@ def test_whole_machine_jobs_are_exclusive_with_every_core(dry_run: tuple[list[di
     for job in jobs:
         exclusive = job["resources"].get("slurm_extra") == "--exclusive"
         assert exclusive == (job["rule"] in ("select", "peaks")), job
-        if exclusive:  # a GPU select's re-timing holds the device's lease: a profile's share of the cores
+        if exclusive:  # Slurm binds the task to the CPUs it asked for: a CPU timing asks for the node's
             gpu_select = job["rule"] == "select" and job["wildcards"].get("platform") == "triton"
-            assert job["threads"] == (CORES // 4 if gpu_select else CORES), job
+            assert job["threads"] == (4 if gpu_select else CORES), job
+        if job["rule"] == "profile":
+            assert job["threads"] == (4 if job["wildcards"]["platform"] == "triton" else CORES), job
     assert sum(j["rule"] == "select" for j in jobs) == 2
+    assert sum(j["rule"] == "profile" for j in jobs) == 4  # two rounds of two cells
 
 
 def test_round_loops_run_as_one_job_per_cell(dry_run: tuple[list[dict[str, Any]], str]) -> None:
@@ -128,7 +131,7 @@ def test_sbatch_line_of_the_pinned_executor(dry_run: tuple[list[dict[str, Any]],
             lines[(job["rule"], job["wildcards"]["platform"])] = get_submit_command(fake, params) + set_gres_string(fake)
     triton_select = lines[("select", "triton")]
     assert "--gres=gpu:1" in triton_select and "--gpus" not in triton_select
-    assert "--exclusive" in triton_select and f"--cpus-per-task={CORES // 4}" in triton_select
+    assert "--exclusive" in triton_select and "--cpus-per-task=4" in triton_select
     assert "--gres" not in lines[("select", "cpu")] and "--exclusive" in lines[("select", "cpu")]
     assert f"--cpus-per-task={CORES}" in lines[("select", "cpu")]
     assert "--gres=gpu:1" in lines[("verify", "triton")] and "--exclusive" not in lines[("verify", "triton")]
