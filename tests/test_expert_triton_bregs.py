@@ -105,7 +105,12 @@ def test_b_regs_gives_the_precast_numbers(precision: str, tmp_path: Path) -> Non
     regs = _margin(GEMM, {**tiles, "b_regs": 1}, tmp_path, [48, 40], shapes, tol)
     cast = _margin(GEMM, {**tiles, "b_regs": 0}, tmp_path, [48, 40], shapes, tol)
     assert regs < 1.0, f"{precision} with b_regs misses its tolerance: margin {regs}"
-    assert regs == pytest.approx(cast, rel=1e-3, abs=1e-6)
+    # A three-term split's error is fp32 accumulation noise (~1e-8 here, a margin of ~1e-3 at tol
+    # 1e-4): where the rounding happens changes the order of the fp32 sums, so the errors agree to
+    # that noise (margin 1e-4 = an error of 1e-8), not bit for bit (Triton 3.9's interpreter gave
+    # 1.04e-3 against 1.12e-3 for fp16x3). A one- or two-term split's error is the rounding itself.
+    noise = 1e-4 if precision.endswith("x3") else 1e-6
+    assert regs == pytest.approx(cast, rel=1e-3, abs=noise)
 
 
 def test_b_regs_on_a_bmm_with_a_transposed_operand(tmp_path: Path) -> None:
