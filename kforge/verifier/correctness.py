@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from kforge.verifier.comparison import Comparison, verdict_of
+from kforge.verifier.comparison import Comparison, atol_scale, verdict_of
 from kforge.verifier.probes import is_heavy, is_plumbing, precision_violations
 from kforge.verifier.protocol import WIRE_DTYPES, Frame
 from kforge.verifier.reasons import Reason
@@ -70,10 +70,11 @@ def against_exact(results: list[Comparison], c_out: list[np.ndarray], exact: lis
     return out
 
 
-def measure(c: np.ndarray, r: np.ndarray, tol: float, dist: str = "native") -> Comparison:
+def measure(c: np.ndarray, r: np.ndarray, tol: float, dist: str = "native", scale: float = 1.0) -> Comparison:
     """:func:`compare` with the margin: on the problem's own inputs (``native``, the other-sizes
-    case) max(max_i |c_i - r_i| / (atol + rtol |r_i|), rel_err_norm / tol); on the stress
-    distributions rel_err_norm / tol. A kernel that passes with a margin of 0.9 passed by a hair."""
+    case) max(max_i |c_i - r_i| / (scale atol + rtol |r_i|), rel_err_norm / tol); on the stress
+    distributions rel_err_norm / tol. A kernel that passes with a margin of 0.9 passed by a hair.
+    ``scale``: a repeated call's (``comparison.atol_scale``)."""
     r_fin = np.isfinite(r)
     if not np.all(np.isfinite(c)[r_fin]):
         return Comparison("nonfinite", float("nan"), float("nan"), None, "elementwise")
@@ -85,7 +86,7 @@ def measure(c: np.ndarray, r: np.ndarray, tol: float, dist: str = "native") -> C
     ref_norm = float(np.linalg.norm(r[r_fin]))
     err_norm = float(np.linalg.norm(diff))
     rel = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
-    ratio = float((diff / (tol + tol * np.abs(r[r_fin]))).max()) if elementwise and diff.size else 0.0
+    ratio = float((diff / (tol * scale + tol * np.abs(r[r_fin]))).max()) if elementwise and diff.size else 0.0
     return verdict_of(max_abs, rel, ratio, tol, elementwise)
 
 
@@ -100,6 +101,11 @@ def compare(c: np.ndarray, r: np.ndarray, tol: float, dist: str = "native") -> t
     ``tol``; every case needs it, so a wrong answer fails either way.
     """
     return measure(c, r, tol, dist).as_tuple()
+
+
+def _rms(a: np.ndarray) -> float:
+    fin = a[np.isfinite(a)]
+    return float(np.sqrt(np.mean(fin * fin))) if fin.size else 0.0
 
 
 INPUTS_DIFFERED = "inputs differed from the reference's before the call"
@@ -288,7 +294,11 @@ def judge_repeats(ref: dict[int, Frame], ref_repeats: list[Frame], repeats: list
             if results is None or len(results) != len(r_meta):
                 return Judgement(Reason.CRASHED, f"{who}: the comparison on the device got no answer")
         else:
-            results = [measure(c, r, tol, dist) for c, r in zip(arrays(frame), arrays(r_frame), strict=True)]
+            bases = arrays(case) if case is not None else []
+            results = []
+            for k, (c, r) in enumerate(zip(arrays(frame), arrays(r_frame), strict=True)):
+                scale = atol_scale(_rms(r), _rms(bases[k])) if k < len(bases) else 1.0
+                results.append(measure(c, r, tol, dist, scale))
         for k, res in enumerate(results):
             if res.kind is not None:
                 return Judgement(Reason.STALE_OUTPUT, (

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kforge.verifier.comparison import Comparison, verdict_of
+from kforge.verifier.comparison import Comparison, atol_scale, verdict_of
 from kforge.verifier.protocol import read_message, tensor_bytes, write_message
 
 ENV = "KFORGE_JUDGE_FD"  # the parent's pipe, for the judge alone
@@ -200,9 +200,11 @@ def import_cuda(meta: dict[str, Any]) -> Any:
 # --------------------------------------------------------------------------- the comparison
 
 
-def compare_on_device(c: Any, r: Any, tol: float, dist: str = "native", chunk: int = CHUNK) -> Comparison:
+def compare_on_device(c: Any, r: Any, tol: float, dist: str = "native", chunk: int = CHUNK,
+                      scale: float = 1.0) -> Comparison:
     """``correctness.measure`` on tensors where they are (the GPU), in float64 chunks; plus a
-    fingerprint of ``c`` (two weighted sums) so the parent can tell a repeated output."""
+    fingerprint of ``c`` (two weighted sums) so the parent can tell a repeated output.
+    ``scale``: a repeated call's absolute tolerance factor (``comparison.atol_scale``)."""
     import torch
 
     if c.is_complex():
@@ -227,7 +229,7 @@ def compare_on_device(c: Any, r: Any, tol: float, dist: str = "native", chunk: i
         if diff.numel():
             max_abs = max(max_abs, float(diff.max()))
             if elementwise:
-                ratio = max(ratio, float((diff / (tol + tol * torch.where(fin, b.abs(), torch.zeros_like(b)))).max()))
+                ratio = max(ratio, float((diff / (tol * scale + tol * torch.where(fin, b.abs(), torch.zeros_like(b)))).max()))
         err_sq += float((diff * diff).sum())
         ref_sq += float(torch.where(fin, b * b, torch.zeros_like(b)).sum())
         safe = torch.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
@@ -239,6 +241,20 @@ def compare_on_device(c: Any, r: Any, tol: float, dist: str = "native", chunk: i
     out = verdict_of(max_abs, rel, ratio, tol, elementwise)
     out.fingerprint = [fp0, fp1, float(fc.numel())]
     return out
+
+
+def _rms(t: Any) -> float:
+    """The RMS of a tensor's finite elements, in float64 chunks."""
+    import torch
+
+    flat = (torch.view_as_real(t) if t.is_complex() else t).detach().reshape(-1)
+    total, count = 0.0, 0
+    for start in range(0, flat.numel(), CHUNK):
+        a = flat[start:start + CHUNK].to(torch.float64)
+        a = a[torch.isfinite(a)]
+        total += float((a * a).sum())
+        count += a.numel()
+    return math.sqrt(total / count) if count else 0.0
 
 
 def comparison_json(res: Comparison) -> dict[str, Any]:
@@ -354,6 +370,7 @@ def judge_main() -> None:
     models: dict[str, tuple[Any, Any]] = {}
     answers: dict[str, tuple[list[Any], Any]] = {}  # the reference's outputs (fp32, float64 or None) of
     # the last two (case, content)s
+    case_rms: dict[int, list[float]] = {}  # each preset-size case's outputs' RMS: a repeat's tolerance
     while True:
         try:
             msg = read_message(req_fd)
@@ -397,6 +414,8 @@ def judge_main() -> None:
                     if 2 * held <= EXACT_MAX_BYTES:
                         exact = exact_outputs(model, inputs, len(fp32))
                 answers[key_answer] = (fp32, exact)
+                if content is None and case.sizes is None:
+                    case_rms[case.index] = [_rms(t) for t in fp32]
                 del inputs
                 while len(answers) > 2:
                     answers.pop(next(iter(answers)))
@@ -406,12 +425,14 @@ def judge_main() -> None:
                 raise ValueError(f"{len(got)} outputs, the reference has {len(want)}")
             results = []
             dist = str(case.dist) if case.sizes is None else "native"
+            bases = case_rms.get(case.index, []) if content is not None else []
             for k, (g, w) in enumerate(zip(got, want, strict=True)):
                 if tuple(g.shape) != tuple(w.shape):
                     raise ValueError(f"shape {tuple(g.shape)}, the reference's {tuple(w.shape)}")
-                res = compare_on_device(g, w, tol, dist)
+                scale = atol_scale(_rms(w), bases[k]) if k < len(bases) else 1.0
+                res = compare_on_device(g, w, tol, dist, scale=scale)
                 if res.kind == "mismatch" and exact is not None:
-                    alt = compare_on_device(g, exact[k], tol, dist)
+                    alt = compare_on_device(g, exact[k], tol, dist, scale=scale)
                     if alt.kind is None:
                         alt.rule, res = "exact", alt
                 results.append(comparison_json(res))
