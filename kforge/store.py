@@ -127,9 +127,18 @@ class Store:
     def put_bytes(self, data: bytes) -> str:
         digest = sha256_bytes(data)
         path = self.blob_path(digest)
-        if path.is_symlink() or not path.is_file() or sha256_bytes(path.read_bytes()) != digest:
+        if path.is_symlink() or not self._holds(path, digest):
             atomic_write(path, data)
         return digest
+
+    @staticmethod
+    def _holds(path: Path, digest: str) -> bool:
+        """The file at ``path`` is there and hashes to ``digest``. A reader may move a bad copy
+        aside between the look and the read (``_quarantine``): gone is not there."""
+        try:
+            return sha256_bytes(path.read_bytes()) == digest
+        except (FileNotFoundError, IsADirectoryError):
+            return False
 
     def put_text(self, text: str) -> str:
         return self.put_bytes(text.encode())
