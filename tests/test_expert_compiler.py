@@ -301,3 +301,20 @@ def test_the_modules_and_helpers_init_builds_with_come_along(tmp_path: Path):
     prog = plan_problem(HELPERS)
     assert static_check(render_default(prog, "triton", "strict", HELPERS), HELPERS,
                         platform="triton") == []
+
+
+@pytest.mark.parametrize("forward", [
+    "return x.to(torch.float32)",  # a no-op cast: the output is the input itself
+    "h = x.to(torch.float32)\nv = h.pow(2).mean(-1, keepdim=True)\nreturn h * torch.rsqrt(v + 1e-6), x",
+], ids=["cast_alias", "rmsnorm_and_input"])
+def test_a_returned_input_is_copied_and_verifies(forward: str, tmp_path: Path) -> None:
+    """A model region that returns its input (an RMSNorm's no-op ``to(float32)`` in a
+    transformers decoder) gets a copy kernel; planning it once crashed the renderer (the
+    input's name was read after the copy had rebound it)."""
+    from tests.test_expert_coverage import _verify
+
+    path = tmp_path / "alias.py"
+    path.write_text(problem("", forward, "[torch.randn(8, 16)]"))
+    prog = plan_problem(path.read_text())
+    assert prog.inputs == ["x"] and all(prog.buffers[o].kind != "input" for o in prog.outputs)
+    _verify(path, "cpu", tmp_path)

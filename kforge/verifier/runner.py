@@ -53,9 +53,10 @@ def scrub(text: str, scratch: Path | None) -> str:
 
 def import_paths() -> list[str]:
     """The package root plus the parent's PYTHONPATH (e.g. a wheel folder on a GPU host), so the
-    worker imports exactly what the parent does."""
-    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO_ROOT)]
-    return [str(REPO_ROOT), *extra]
+    worker imports exactly what the parent does. Relative entries (``PYTHONPATH=.``) are made
+    absolute: the worker runs in its scratch folder, and the sandbox view binds each one."""
+    extra = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return [str(REPO_ROOT), *dict.fromkeys(p for p in extra if p != str(REPO_ROOT))]
 
 
 def build_folder(platform: str, build_dir: Path | str | None) -> Path:

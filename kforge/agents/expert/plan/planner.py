@@ -63,12 +63,13 @@ class Planner(Regions):
                 rows.scan(node)
             elif id(node) in self.needed and node not in self.buffers:
                 self.pointwise([node])
+        # the inputs' names before an output copy rebinds a returned input's node to its copy
+        names = [self.program_buffers[self.buffers[n]].source for n in self.g.placeholders() if n.op == "input"]
         outputs = []
         for out in self.g.outputs:
             if self.program_buffers[self.buffers[out]].kind in ("input", "param"):
                 self.pointwise([out], force_copy=True)  # never return an input (an alias)
             outputs.append(self.buffers[out])
-        names = [self.program_buffers[self.buffers[n]].source for n in self.g.placeholders() if n.op == "input"]
         cap = self.g.captured
         return Program(self.program_buffers, self.kernels, names, outputs, self.g.returns_tuple,
                        dict(cap.sources), placeholders, dict(cap.hints), fixed_init=dict(cap.fixed_init),
