@@ -30,7 +30,8 @@ def kforge(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def readme_queries() -> list[str]:
-    text = (REPO / "README.md").read_text()
+    """The queries docs/USAGE.md shows (the README's "what to do next" points there)."""
+    text = (REPO / "docs" / "USAGE.md").read_text()
     section = text.split("## Querying, shipping and the HTML report", 1)[1].split("\n## ", 1)[0]
     return re.findall(r'^kforge query "([^"]+)"$', section, re.M)
 
