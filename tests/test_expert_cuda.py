@@ -245,3 +245,20 @@ def test_generation_is_deterministic() -> None:
     assert candidate("layernorm_rows") == candidate("layernorm_rows")
     src = source_of("gemm_bias_relu")
     assert render_default(plan_problem(src), "cuda", "relaxed", src) == candidate("gemm_bias_relu", "relaxed")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the emulation builds with g++ and ucontext")
+def test_the_emulation_keeps_a_block_s_barriers(tmp_path: Path) -> None:
+    """A negative control of the emulation: the block reduction of a row kernel without its
+    barriers reads shared slots before the other threads wrote them, and the answer is wrong
+    (fibers run to their next barrier in turn: drop the barriers and each runs alone)."""
+    problem = odd_problem("layernorm_rows")
+    program = plan_problem(problem.source)
+    source = CUDA.render(program, CUDA.fit(program, CUDA.default_knobs(program, "strict"), "strict"), "strict",
+                         problem.source)
+    assert "__syncthreads();" in source
+    ok, _ = compare(problem, cuda_emulation.load(source, tmp_path))
+    assert ok
+    broken = source.replace("__syncthreads();", ";")
+    ok, err = compare(problem, cuda_emulation.load(broken, tmp_path))
+    assert not ok, "the emulation computed the right answer without the block's barriers"

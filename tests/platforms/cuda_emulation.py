@@ -1,6 +1,7 @@
 """Run a generated CUDA candidate on the CPU: its ``CUDA_SOURCE`` compiled by g++ against an
-emulation of CUDA's execution model (a block is an OpenMP team, ``__syncthreads`` its barrier,
-``__shared__`` a static, warp shuffles through a shared array between two barriers), its
+emulation of CUDA's execution model (a block's threads are fibers run in turn on one OS thread,
+each to its next ``__syncthreads``, so a barrier is where all have arrived; ``__shared__`` a
+static; warp shuffles through a shared array between two barriers), its
 launchers called through ctypes by a stand-in for the extension. The grid is cut to a few
 blocks, so every grid-stride loop takes more than one step. No tensor cores: a candidate
 whose GEMM is at the ``tf32`` step (``nvcuda::wmma``) is not emulated.
@@ -20,13 +21,15 @@ from types import ModuleType
 from typing import Any
 
 EMULATION = r"""
-#include <omp.h>
+#include <ucontext.h>
 #include <cstdint>
+#include <cstdlib>
 #include <cmath>
 #include <algorithm>
+#include <functional>
 struct dim3 { unsigned x, y, z; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
 struct kf_uint3 { unsigned x, y, z; };
-static thread_local kf_uint3 threadIdx;
+static kf_uint3 threadIdx;
 static kf_uint3 blockIdx;
 static dim3 blockDim, gridDim;
 typedef int cudaError_t;
@@ -39,38 +42,67 @@ static inline cudaError_t cudaGetLastError() { return 0; }
 #define __shared__ static
 #define __restrict__ __restrict
 #define __launch_bounds__(x)
-#define __syncthreads() _Pragma("omp barrier")
+// A block's threads are fibers run in turn on one OS thread: each runs to its next barrier
+// (or its end), then the next; a barrier is the point where every fiber has arrived.
+struct kf_fiber { ucontext_t ctx; char* stack; bool done; };
+static ucontext_t kf_sched;
+static kf_fiber* kf_fibers;
+static int kf_cur;
+static std::function<void()>* kf_body;
+static void kf_yield() { swapcontext(&kf_fibers[kf_cur].ctx, &kf_sched); }
+static void kf_entry() { (*kf_body)(); kf_fibers[kf_cur].done = true; kf_yield(); }
+#define __syncthreads() kf_yield()
 static inline int kf_tid() { return (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x; }
 template <class T> T __shfl_xor_sync(unsigned, T v, int o) {
     static T buf[1024];
     buf[kf_tid()] = v;
-    _Pragma("omp barrier")
+    kf_yield();
     const T r = buf[kf_tid() ^ o];
-    _Pragma("omp barrier")
+    kf_yield();
     return r;
 }
 template <class T> T __shfl_up_sync(unsigned, T v, int o) {
     static T buf[1024];
     buf[kf_tid()] = v;
-    _Pragma("omp barrier")
+    kf_yield();
     const T r = (kf_tid() & 31) >= o ? buf[kf_tid() - o] : v;
-    _Pragma("omp barrier")
+    kf_yield();
     return r;
 }
 template <class F> void kf_emu_launch(dim3 grid, dim3 block, F fn) {
     gridDim = dim3(std::min(grid.x, 3u), std::min(grid.y, 2u), 1);  // grid-stride loops step
     blockDim = block;
     const int n = block.x * block.y * block.z;
+    const size_t stack = 256 << 10;
+    std::function<void()> body = fn;
+    kf_body = &body;
+    kf_fiber* fibers = new kf_fiber[n];
+    for (int t = 0; t < n; ++t) fibers[t].stack = static_cast<char*>(std::malloc(stack));
+    kf_fibers = fibers;
     for (unsigned by = 0; by < gridDim.y; ++by)
         for (unsigned bx = 0; bx < gridDim.x; ++bx) {
             blockIdx = {bx, by, 0};
-            #pragma omp parallel num_threads(n)
-            {
-                const unsigned t = omp_get_thread_num();
-                threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
-                fn();
+            for (int t = 0; t < n; ++t) {
+                getcontext(&fibers[t].ctx);
+                fibers[t].ctx.uc_stack.ss_sp = fibers[t].stack;
+                fibers[t].ctx.uc_stack.ss_size = stack;
+                fibers[t].ctx.uc_link = nullptr;
+                makecontext(&fibers[t].ctx, kf_entry, 0);
+                fibers[t].done = false;
+            }
+            for (int alive = n; alive > 0;) {
+                alive = 0;
+                for (int t = 0; t < n; ++t) {
+                    if (fibers[t].done) continue;
+                    kf_cur = t;
+                    threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+                    swapcontext(&kf_sched, &fibers[t].ctx);
+                    alive += !fibers[t].done;
+                }
             }
         }
+    for (int t = 0; t < n; ++t) std::free(fibers[t].stack);
+    delete[] fibers;
 }
 """
 CTYPES = {"int64_t": ctypes.c_int64, "double": ctypes.c_double, "cudaStream_t": ctypes.c_void_p}
@@ -101,7 +133,7 @@ def build(cuda: str, folder: Path) -> ctypes.CDLL:
     if not lib.exists():
         src = folder / f"emu_{digest}.cpp"
         src.write_text(source)
-        proc = subprocess.run(["g++", "-O1", "-std=c++17", "-fopenmp", "-fPIC", "-shared", "-w", str(src), "-o", str(lib)],
+        proc = subprocess.run(["g++", "-O1", "-std=c++17", "-fPIC", "-shared", "-w", str(src), "-o", str(lib)],
                               capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             raise RuntimeError(f"emulated build failed:\n{proc.stderr[-4000:]}")
