@@ -130,8 +130,8 @@ def test_frobenius_norm_on_heavy_inputs_verifies_against_float64(tmp_path) -> No
     """End to end on the CPU: the expert's kernel (sums in double) verifies, where the fp32
     reference alone failed it on the heavy-tailed case; the reference run sends float64 outputs
     for the stress cases only."""
-    from kforge.agents.expert.cpu_render import DEFAULT_KNOBS, render_cpu
-    from kforge.agents.expert.planner import plan_problem
+    from kforge.agents.expert.codegen.backend import render_default
+    from kforge.agents.expert.plan.planner import plan_problem
     from kforge.verifier.verify import run_verification
 
     source = (
@@ -145,7 +145,7 @@ def test_frobenius_norm_on_heavy_inputs_verifies_against_float64(tmp_path) -> No
     problem.write_text(source)
     from kforge.platforms import get_platform
 
-    candidate = render_cpu(plan_problem(source), dict(DEFAULT_KNOBS), source)
+    candidate = render_default(plan_problem(source), "cpu", "strict", source)
     assert get_platform("cpu").build(candidate, tmp_path / "build").ok
     v = run_verification(candidate, problem, platform="cpu", policy="strict", build_dir=tmp_path / "build",
                          timeout_s=120)
