@@ -6,6 +6,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -18,6 +19,8 @@ from kforge.problem_cost import (
     generic_shrink,
 )
 from kforge.problems import load_problem, load_problem_source, problem_meta
+
+pytestmark = pytest.mark.exclusive  # timings or wall-clock bounds: alone under xdist (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTER = ROOT / "problems" / "starter"
@@ -109,8 +112,6 @@ def test_causal_attention_floor_counts_only_the_unmasked_half() -> None:
 
 def test_flop_fraction_outside_zero_one_is_an_error() -> None:
     import types
-
-    import pytest
 
     from kforge.problem_cost import flop_fraction
 

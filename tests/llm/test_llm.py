@@ -30,6 +30,8 @@ from kforge.store import Store
 from .helpers import agent_config
 from .server import ScriptedServer, fail, ok
 
+pytestmark = pytest.mark.exclusive  # timings or wall-clock bounds: alone under xdist (tests/conftest.py)
+
 CONTEXT_MESSAGE = (
     "This model's maximum context length is 4096 tokens. However, your messages resulted in "
     "9000 tokens. Please reduce the length of the messages."

@@ -18,6 +18,8 @@ from kforge.verifier.profiling import profile_candidate
 
 from .conftest import HONEST, SCALE_TANH
 
+pytestmark = pytest.mark.exclusive  # timings or wall-clock bounds: alone under xdist (tests/conftest.py)
+
 
 def _hold_in_child(path: Path, mode: str, seconds: float) -> subprocess.Popen[bytes]:
     """Another process that takes the lease (``shared`` or ``exclusive``), says so on stdout,

@@ -15,6 +15,8 @@ from kforge.verifier.telemetry import read_clocks
 
 from .conftest import HONEST, SCALE_TANH, assert_nothing_left
 
+pytestmark = pytest.mark.exclusive  # timings or wall-clock bounds: alone under xdist (tests/conftest.py)
+
 
 def test_same_kernel_in_three_fresh_processes_agrees_within_cv_band() -> None:
     runs = [profile_candidate(HONEST, SCALE_TANH, platform="cpu", reps=30, threads=1) for _ in range(3)]
