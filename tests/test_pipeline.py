@@ -12,7 +12,9 @@ import pytest
 
 from tests.pipeline_helpers import copy_prompts, ledger, snakemake, work_counts, write_config
 
-pytestmark = pytest.mark.slow
+# exclusive: its rows' statuses rest on the host's peaks and timings; measured beside another test file,
+# the peaks came out low and an honest GEMM was roofline_flagged (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
 
 
 @pytest.fixture(scope="module")
