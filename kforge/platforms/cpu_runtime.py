@@ -90,6 +90,21 @@ def compiler_version(cxx: str = CXX) -> str:
     return out.stdout.splitlines()[0].strip() if out.stdout else "unknown"
 
 
+@functools.lru_cache(maxsize=4)
+def vector_isa(cxx: str = CXX) -> str:
+    """The widest vector ISA the compiler targets with :data:`CXX_FLAGS` (``-march=native``):
+    ``avx512``, ``avx2`` or ``none`` (no compiler, or neither), read from its predefined macros."""
+    if shutil.which(cxx) is None:
+        return "none"
+    flags = [f for f in CXX_FLAGS if f.startswith(("-march", "-mtune", "-m"))]
+    out = subprocess.run([cxx, *flags, "-dM", "-E", "-x", "c++", os.devnull],
+                         capture_output=True, text=True, check=False).stdout
+    for isa, macro in (("avx512", "__AVX512F__"), ("avx2", "__AVX2__")):
+        if f"#define {macro} 1" in out:
+            return isa
+    return "none"
+
+
 def library_key(cpp_source: str, cxx: str = CXX) -> str:
     h = hashlib.sha256()
     for part in (cpp_source, " ".join(CXX_FLAGS), compiler_version(cxx)):

@@ -241,6 +241,15 @@ class CpuKnobs(Knobs):
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.to_json().items())
 
+    @classmethod
+    def for_isa(cls, isa: str) -> CpuKnobs:
+        """The defaults for a host whose compiler targets ``isa``: the GEMM tile fills its
+        vector registers (AVX-512: 12 rows x 2 zmm = 24 accumulators of 32; AVX2: 6 x 2 ymm)."""
+        return cls(**CPU_TILES.get(isa, {}))
+
+
+CPU_TILES: dict[str, dict[str, int]] = {"avx512": {"mr": 12, "nr": 32}}
+
 
 # ------------------------------------------------------------------ cuda
 

@@ -1,5 +1,6 @@
 """The CPU backend: one set of knobs for the whole translation unit (:class:`~kforge.agents.
-expert.plan.knobs.CpuKnobs`, the same every round unless the analysis changes them), no
+expert.plan.knobs.CpuKnobs`, the host compiler's vector ISA picking the defaults, the same
+every round unless the analysis changes them), no
 precision ladder (every GEMM is fp32 FMA), the C++ / OpenMP module of :mod:`.render`."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from kforge.agents.expert.plan.kernels import GemmKernel, Program
 from kforge.agents.expert.plan.knobs import CpuKnobs, KernelKnobs, ProgramKnobs
 from kforge.agents.expert.plan.precision import Step
 from kforge.agents.expert.plan.record import ExpertPlan
+from kforge.platforms import cpu_runtime
 
 
 class CpuBackend:
@@ -28,7 +30,7 @@ class CpuBackend:
         return render_expr(e, table)
 
     def default_knobs(self, program: Program, policy: str) -> ProgramKnobs:
-        return ProgramKnobs({}, CpuKnobs())
+        return ProgramKnobs({}, CpuKnobs.for_isa(cpu_runtime.vector_isa()))
 
     def at_step(self, program: Program, kernel: GemmKernel, knobs: KernelKnobs, step: Step) -> KernelKnobs:
         raise PlanError("the cpu backend's GEMMs have no precision steps")

@@ -4,9 +4,12 @@ batch with the epilogue stores applied to each output tile right after its last 
 BLIS-style blocking: for each NC-wide column block and KC-deep slice, B is packed into
 NR-column panels and A into MR-row panels (zero padded: edges need no special case in the
 inner loop), read through the operands' strides, so transposed and batched operands cost
-nothing extra. Every thread runs an MR x NR micro-kernel over its share of the tiles: AVX2
-intrinsics (MR x NR/8 named ymm accumulators, one broadcast of A and NR/8 loads of B per k)
-where the compiler targets AVX2, plain C++ otherwise. Partial sums live in ``C``: the store
+nothing extra. Every thread runs an MR x NR micro-kernel over its share of the tiles: AVX-512
+intrinsics (MR x NR/16 named zmm accumulators) where the compiler targets AVX-512 and NR is a
+multiple of 16, AVX2 (MR x NR/8 ymm accumulators) where it targets AVX2, plain C++ otherwise;
+per k, one broadcast of A per row and one load of B per vector. The tile itself is a knob: the
+backend's default follows the ISA the host's compiler targets (:func:`~kforge.platforms.
+cpu_runtime.vector_isa`). Partial sums live in ``C``: the store
 whose value is the bare product at its natural row-major index (when there is one) *is*
 ``C``, else a workspace. The epilogue reads the finished tile while it is in L1.
 """
@@ -14,6 +17,7 @@ whose value is the bare product at its natural row-major index (when there is on
 from __future__ import annotations
 
 import textwrap
+from dataclasses import dataclass
 
 import sympy
 
@@ -41,41 +45,56 @@ static inline void kf_micro_plain(int64_t kc, const float* __restrict a, const f
         for (int64_t j = 0; j < nr; ++j)
             c[i * ldc + j] = first ? acc[i][j] : c[i * ldc + j] + acc[i][j];
 }
-#ifdef __AVX2__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
-{avx2}
-#define KF_MICRO kf_micro_avx2
-#else
-#define KF_MICRO kf_micro_plain<{mr}, {nr}>
+#endif
+{simd}#define KF_MICRO kf_micro_plain<{mr}, {nr}>
 #endif
 """
 
 
-def avx2_micro(mr: int, nr: int) -> str:
-    """An MR x NR intrinsics micro-kernel; named accumulators stay in registers."""
-    nv = nr // 8
+@dataclass(frozen=True)
+class VectorIsa:
+    """One vector ISA's intrinsics, as the micro-kernel uses them."""
+
+    name: str
+    macro: str  # the compiler's macro for it
+    lanes: int
+    registers: int
+    vec: str  # the register type
+    prefix: str  # of the intrinsics
+    broadcast: str  # A's element into every lane, from its address
+
+
+AVX512 = VectorIsa("avx512", "__AVX512F__", 16, 32, "__m512", "_mm512", "_mm512_set1_ps(*({addr}))")
+AVX2 = VectorIsa("avx2", "__AVX2__", 8, 16, "__m256", "_mm256", "_mm256_broadcast_ss({addr})")
+
+
+def simd_micro(isa: VectorIsa, mr: int, nr: int) -> str:
+    """An MR x NR intrinsics micro-kernel ``kf_micro_<isa>``; named accumulators stay in registers."""
+    nv, w, p, vec = nr // isa.lanes, isa.lanes, isa.prefix, isa.vec
     accs = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
     lines = [
-        "static inline void kf_micro_avx2(int64_t kc, const float* __restrict a, const float* __restrict b,",
+        f"static inline void kf_micro_{isa.name}(int64_t kc, const float* __restrict a, const float* __restrict b,",
         "                                 float* c, int64_t ldc, int64_t mr, int64_t nr, bool first) {",
     ]
-    lines += [f"    __m256 {acc} = _mm256_setzero_ps();" for row in accs for acc in row]
+    lines += [f"    {vec} {acc} = {p}_setzero_ps();" for row in accs for acc in row]
     lines.append("    for (int64_t k = 0; k < kc; ++k) {")
-    lines += [f"        const __m256 b{v} = _mm256_loadu_ps(b + k * {nr} + {v * 8});" for v in range(nv)]
+    lines += [f"        const {vec} b{v} = {p}_loadu_ps(b + k * {nr} + {v * w});" for v in range(nv)]
     for i in range(mr):
-        lines.append(f"        {{ const __m256 av = _mm256_broadcast_ss(a + k * {mr} + {i});")
-        lines += [f"          {accs[i][v]} = _mm256_fmadd_ps(av, b{v}, {accs[i][v]});" for v in range(nv)]
+        lines.append(f"        {{ const {vec} av = {isa.broadcast.format(addr=f'a + k * {mr} + {i}')};")
+        lines += [f"          {accs[i][v]} = {p}_fmadd_ps(av, b{v}, {accs[i][v]});" for v in range(nv)]
         lines.append("        }")
     lines.append("    }")
     lines.append(f"    if (mr == {mr} && nr == {nr}) {{")
     for i in range(mr):
         for v in range(nv):
-            ptr = f"c + {i} * ldc + {v * 8}"
-            lines.append(f"        _mm256_storeu_ps({ptr}, first ? {accs[i][v]} : "
-                         f"_mm256_add_ps(_mm256_loadu_ps({ptr}), {accs[i][v]}));")
+            ptr = f"c + {i} * ldc + {v * w}"
+            lines.append(f"        {p}_storeu_ps({ptr}, first ? {accs[i][v]} : "
+                         f"{p}_add_ps({p}_loadu_ps({ptr}), {accs[i][v]}));")
     lines.append("        return;\n    }")
-    lines.append(f"    alignas(32) float tmp[{mr}][{nr}];")
-    lines += [f"    _mm256_store_ps(&tmp[{i}][{v * 8}], {accs[i][v]});" for i in range(mr) for v in range(nv)]
+    lines.append(f"    alignas({4 * w}) float tmp[{mr}][{nr}];")
+    lines += [f"    {p}_store_ps(&tmp[{i}][{v * w}], {accs[i][v]});" for i in range(mr) for v in range(nv)]
     lines.append("    for (int64_t i = 0; i < mr; ++i)")
     lines.append("        for (int64_t j = 0; j < nr; ++j)")
     lines.append("            c[i * ldc + j] = first ? tmp[i][j] : c[i * ldc + j] + tmp[i][j];")
@@ -84,8 +103,18 @@ def avx2_micro(mr: int, nr: int) -> str:
 
 
 def gemm_prelude(knobs: CpuKnobs) -> str:
+    """The micro-kernels for the knobs' tile: one per ISA whose lanes divide ``nr`` and whose
+    registers hold the tile's accumulators, B's vectors and A's broadcast; the first the
+    compiler targets is ``KF_MICRO``, the plain C++ one otherwise."""
     mr, nr = knobs.mr, knobs.nr
-    return MICRO.replace("{avx2}", avx2_micro(mr, nr)).replace("{mr}", str(mr)).replace("{nr}", str(nr))
+    fits = [isa for isa in (AVX512, AVX2)
+            if nr % isa.lanes == 0 and (mr + 1) * (nr // isa.lanes) + 1 <= isa.registers]
+    simd = ""
+    for i, isa in enumerate(fits):
+        simd += (f"#{'el' if i else ''}if defined({isa.macro})\n{simd_micro(isa, mr, nr)}\n"
+                 f"#define KF_MICRO kf_micro_{isa.name}\n")
+    simd += "#else\n" if simd else "#if 1\n"
+    return MICRO.replace("{simd}", simd).replace("{mr}", str(mr)).replace("{nr}", str(nr))
 
 
 def _dim(em: CEmitter, expr: sympy.Expr | None) -> str:
@@ -182,9 +211,18 @@ def gemm_body(k: GemmKernel, program: Program, em: CEmitter, knobs: CpuKnobs) ->
       const bool first = pc == 0, last = pc + kc >= K;
       for (int64_t p = 0; p < np; ++p) {{
         float* dst = Bp + p * NR * kc;
+        const int64_t w = std::min(NR, jc + nc - (jc + p * NR));
+        if (sb2 == 1) {{  // B row-major in K (a plain matmul's right operand): read along its rows
+          for (int64_t kk = 0; kk < kc; ++kk) {{
+            const float* src = B + (pc + kk) * sb1 + jc + p * NR;
+            for (int64_t jj = 0; jj < w; ++jj) dst[kk * NR + jj] = src[jj];
+            for (int64_t jj = w; jj < NR; ++jj) dst[kk * NR + jj] = 0.0f;
+          }}
+          continue;
+        }}
         for (int64_t jj = 0; jj < NR; ++jj) {{
           const int64_t j = jc + p * NR + jj;
-          if (j < jc + nc) {{ const float* src = B + j * sb2 + pc * sb1; for (int64_t kk = 0; kk < kc; ++kk) dst[kk * NR + jj] = src[kk * sb1]; }}
+          if (jj < w) {{ const float* src = B + j * sb2 + pc * sb1; for (int64_t kk = 0; kk < kc; ++kk) dst[kk * NR + jj] = src[kk * sb1]; }}
           else {{ for (int64_t kk = 0; kk < kc; ++kk) dst[kk * NR + jj] = 0.0f; }}
         }}
       }}
@@ -192,6 +230,15 @@ def gemm_body(k: GemmKernel, program: Program, em: CEmitter, knobs: CpuKnobs) ->
         const int64_t mc = std::min(MC, m1 - ic), mp = (mc + MR - 1) / MR;
         for (int64_t q = 0; q < mp; ++q) {{
           float* dst = Ap + q * MR * kc;
+          const int64_t h = std::min(MR, ic + mc - (ic + q * MR));
+          if (sa1 == 1 && M > 1) {{  // A transposed (column-major): read along its columns
+            for (int64_t kk = 0; kk < kc; ++kk) {{
+              const float* src = A + (pc + kk) * sa2 + ic + q * MR;
+              for (int64_t ii = 0; ii < h; ++ii) dst[kk * MR + ii] = src[ii];
+              for (int64_t ii = h; ii < MR; ++ii) dst[kk * MR + ii] = 0.0f;
+            }}
+            continue;
+          }}
           for (int64_t ii = 0; ii < MR; ++ii) {{
             const int64_t i = ic + q * MR + ii;
             if (i < ic + mc) {{ const float* src = A + i * sa1 + pc * sa2; for (int64_t kk = 0; kk < kc; ++kk) dst[kk * MR + ii] = src[kk * sa2]; }}
