@@ -322,8 +322,8 @@ class CKernel:
         hi = "INFINITY" if bdt == "f32" else "INT64_MAX"
         return t, (f"(-{hi})" if bdt == "f32" else "INT64_MIN") if r.kind in ("max", "argmax") else hi
 
-    def update(self, r: Reduction, v: str, flat: str, at: str) -> str:
-        a = f"a_{r.acc}{at}"
+    def update(self, r: Reduction, v: str, flat: str, at: str, prefix: str = "a") -> str:
+        a = f"{prefix}_{r.acc}{at}"
         if r.kind in ("argmax", "argmin"):
             cmp = ">" if r.kind == "argmax" else "<"
             bv, bi = f"bv_{r.acc}{at}", f"a_{r.acc}{at}"

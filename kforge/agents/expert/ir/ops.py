@@ -278,12 +278,18 @@ class OpDef:
     aten: tuple[str, ...] = ()  # ATen / prims overload packets that are this op one-to-one
     decomposition: Decomposition | None = field(default=None, compare=False)
     doc: str = ""
+    transcendental: bool = False  # a polynomial / division per element: worth keeping, not recomputing
+
+
+# ops a backend computes with a polynomial or a division (tens of operations an element)
+TRANSCENDENTAL = frozenset({"exp", "exp2", "expm1", "log", "log1p", "log2", "sigmoid", "tanh", "erf", "sin",
+                            "cos", "gelu", "elu", "pow"})
 
 
 def _pointwise(name: str, arity: int, aten: tuple[str, ...] | None = None, attrs: type[Attrs] = NoAttrs,
                dtype: DtypeRule = "result", doc: str = "") -> OpDef:
     return OpDef(name, "pointwise", arity, attrs, dtype, (name,) if aten is None else aten,
-                 DECOMPOSITIONS.get(name), doc)
+                 DECOMPOSITIONS.get(name), doc, name in TRANSCENDENTAL)
 
 
 _ROWS: list[OpDef] = [

@@ -25,6 +25,7 @@ from kforge.agents.expert.codegen.cpu.gemm import gemm_body, gemm_prelude
 from kforge.agents.expert.codegen.cpu.ops import CPU_OPS, PRELUDE
 from kforge.agents.expert.codegen.cstyle import CTYPES, Block, CKernel, Scope
 from kforge.agents.expert.errors import UnsupportedError
+from kforge.agents.expert.ir.ops import OPS
 from kforge.agents.expert.plan.expr import E, linear, var
 from kforge.agents.expert.plan.kernels import (
     Kernel,
@@ -33,6 +34,7 @@ from kforge.agents.expert.plan.kernels import (
     Reduction,
     RowKernel,
     ScanKernel,
+    Store,
 )
 from kforge.agents.expert.plan.knobs import CpuKnobs
 
@@ -87,7 +89,7 @@ class KernelRender(CKernel):
             root.add(outer)
             outer.add(inner)
         for s in k.stores:
-            inner.add(self.store(s, inner.scope))
+            inner.add(self.store(Store(s.buffer, s.index, self.reciprocal(s.value, inner.scope)) if names else s, inner.scope))
         return root
 
     def mode(self, k: RowKernel) -> str:
@@ -156,6 +158,17 @@ class KernelRender(CKernel):
                 inner = Block(outer.scope.child((rn[-1],)), f"{simd}for (int64_t {rn[-1]} = c0; {rn[-1]} < c1; ++{rn[-1]})")
                 outer.add(inner)
                 return inner
+            if mode == "row" and part:  # f32 sums per chunk of the last reduced dim
+                body = self.nest(parent, rn[:-1], rd[:-1], "")
+                chunk = Block(body.scope.child(), f"for (int64_t c0 = 0; c0 < {rd[-1]}; c0 += {ch})")
+                chunk.scope.defs.append(f"const int64_t c1 = std::min({rd[-1]}, c0 + {ch});")
+                body.add(chunk)
+                chunk.items += [f"float f_{r.acc} = 0.0f;" for r in part]
+                simd = "" if seq else f"#pragma omp simd{clauses}\n"
+                inner = Block(chunk.scope.child((rn[-1],)), f"{simd}for (int64_t {rn[-1]} = c0; {rn[-1]} < c1; ++{rn[-1]})")
+                chunk.add(inner)
+                chunk.items += [f"a_{r.acc} += f_{r.acc};" for r in part]
+                return inner
             if mode == "row":
                 return self.nest(parent, rn, rd, "" if seq else f"#pragma omp simd{clauses}\n")
             body = self.nest(parent, rn, rd, "")
@@ -164,17 +177,28 @@ class KernelRender(CKernel):
             return col
 
         at = f"[{on[-1]} - j0]" if mode == "column" else ""
+        cache = self.row_cache(k) if mode == "row" and k.red else []
+        for i, _ in enumerate(cache):
+            cur.add(f"static thread_local std::vector<float> kf_rc{i}; if ((int64_t)kf_rc{i}.size() < R) kf_rc{i}.resize(R);\n"
+                    f"float* __restrict rc{i} = kf_rc{i}.data();")
+        part: list[Reduction] = []
         for pass_no in range(1, k.passes + 1):
             reds = [r for r in k.reductions if r.pass_no == pass_no]
             seq = any(r.kind in ("argmax", "argmin") for r in reds) and mode != "column"
-            clauses = "" if mode == "column" else "".join(f" reduction({OMP_OP[r.kind]}:a_{r.acc})" for r in reds if r.kind in OMP_OP)
+            part = [r for r in reds if mode == "row" and r.kind == "sum" and r.body.dt == "f32" and r.dt == "f32"]
+            clauses = "" if mode == "column" else "".join(
+                f" reduction({OMP_OP[r.kind]}:{'f' if r in part else 'a'}_{r.acc})" for r in reds if r.kind in OMP_OP)
             for r in reds:
                 for line in self.declare(r, str(cb) if mode == "column" else ""):
                     cur.add(line)
             inner = loops(cur, clauses, seq)
             flat = self.em.expr(flat_e, inner.scope) if flat_e is not None else "((int64_t)0)"
             for r in reds:
-                inner.add(self.update(r, self.em.expr(r.body, inner.scope), flat, at))
+                body_e = self.reciprocal(r.body, inner.scope)
+                inner.add(self.update(r, self.em.expr(body_e, inner.scope), flat, at, "f" if r in part else "a"))
+            if pass_no == k.passes:
+                for i, e in enumerate(cache):
+                    inner.add(f"rc{i}[{flat}] = {self.em.expr(self.reciprocal(e, inner.scope), inner.scope)};")
             for r in reds:
                 value = f"a_{r.acc}{at}"
                 self.em.accs[r.acc] = (f"(({CTYPES[r.dt]}){value})", frozenset({on[-1]}) if mode == "column" else frozenset())
@@ -190,9 +214,60 @@ class KernelRender(CKernel):
                 target.add(self.store(s, target.scope))
         if k.full_stores:
             inner = loops(cur, "", False) if mode != "row" else self.nest(cur, rn, rd, "#pragma omp simd\n")
+            if cache:
+                flat = self.em.expr(flat_e, inner.scope)
+                for i, e in enumerate(cache):
+                    kept = self.reciprocal(e, inner.scope)
+                    name = f"t{self.em.count}"
+                    self.em.count += 1
+                    inner.scope.defs.append(f"const float {name} = rc{i}[{flat}];")
+                    inner.scope.memo[kept] = name
             for s in k.full_stores:
-                inner.add(self.store(s, inner.scope))
+                inner.add(self.store(Store(s.buffer, s.index, self.reciprocal(s.value, inner.scope)), inner.scope))
         return root
+
+    def row_cache(self, k: RowKernel) -> list[E]:
+        """The values the full stores recompute from the last pass that cost a transcendental
+        an element (softmax's ``exp(x - max)``): the last pass keeps them in a row of scratch
+        (``rc<i>``, per thread, in L1 / L2 for rows up to tens of thousands) that the stores
+        read instead."""
+        inside: set[E] = set()
+        for r in k.reductions:
+            if r.pass_no == k.passes:
+                inside.update(r.body.walk())
+        found: list[E] = []
+
+        def visit(e: E) -> None:
+            if e in inside and e.dt == "f32" and _costly(e) and any(x.op == "var" and x.v[0].startswith("r") for x in e.walk()):
+                if e not in found:
+                    found.append(e)
+                return
+            for a in e.args:
+                visit(a)
+
+        for s in k.full_stores:
+            visit(s.value)
+        return found
+
+    def reciprocal(self, e: E, scope: Scope) -> E:
+        """``e`` with every f32 division of a value the innermost loop changes by one it does not
+        change made a multiply by its reciprocal (hoisted out of the loop by the emitter): a vector division
+        costs ~10x a multiply, and the two differ by at most an ulp of the quotient."""
+        memo: dict[E, E] = {}
+
+        def go(x: E) -> E:
+            if x in memo:
+                return memo[x]
+            args = tuple(go(a) for a in x.args)
+            out = x if args == x.args else E(x.op, args, x.v, x.dt)
+            if out.op == "div" and out.dt == "f32" and args[1].dt == "f32" and scope.parent is not None:
+                outer = scope.parent
+                if not _within(self.em.needs(args[0]), outer) and _within(self.em.needs(args[1]), outer):
+                    out = E("mul", (args[0], E("reciprocal", (args[1],), None, "f32")), None, "f32")
+            memo[x] = out
+            return out
+
+        return go(e)
 
     def scan(self, k: ScanKernel) -> Block:
         root = Block(Scope(None))
@@ -232,6 +307,14 @@ class KernelRender(CKernel):
         code = f'extern "C" void {self.fn}({", ".join(params)})\n{body}\n'
         launch = [*pre, f"cpu_runtime.launch(_K[{self.fn!r}], {self.fn!r}, {', '.join(args)})"]
         return code, sig, launch
+
+
+def _within(needs: tuple[frozenset[str], frozenset[str]], scope: Scope) -> bool:
+    return needs[0] <= scope.vars and needs[1] <= scope.accs
+
+
+def _costly(e: E) -> bool:
+    return any(OPS[x.op].transcendental for x in e.walk() if x.op in OPS)
 
 
 def _terms(e: E) -> list[E]:
