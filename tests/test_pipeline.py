@@ -12,9 +12,10 @@ import pytest
 
 from tests.pipeline_helpers import copy_prompts, ledger, snakemake, work_counts, write_config
 
-# exclusive: its rows' statuses rest on the host's peaks and timings; measured beside another test file,
-# the peaks came out low and an honest GEMM was roofline_flagged (tests/conftest.py)
-pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
+# Not exclusive: beside another test file the host's torch.mm rate came out low and an honest GEMM was
+# roofline_flagged; the CPU's matmul ceiling is now the FMA units' rate (peaks.cpu_fma_gflops), which a
+# profile's threads (every core but one) cannot pass however loaded the host is when it is measured.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

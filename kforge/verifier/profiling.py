@@ -47,7 +47,8 @@ DEFAULT_TOL = 1e-2  # the verify stage judged the policy's tolerance; a profile'
 EXACT_BELOW = 1e-3  # under a tolerance this tight the float64 reference may answer too (strict)
 
 
-RATES = ("copy_gbps", "cache_copy_gbps", "read_gbps", "rated_gbps", "matmul_gflops", "tf32_gflops", "bf16_gflops")
+RATES = ("copy_gbps", "cache_copy_gbps", "read_gbps", "rated_gbps", "matmul_gflops", "tf32_gflops", "bf16_gflops",
+         "fma_gflops")
 
 
 def best_of(a: Peaks, b: Peaks) -> Peaks:

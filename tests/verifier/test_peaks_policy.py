@@ -14,6 +14,28 @@ def test_policy_ceiling_admits_tf32x3_under_strict_and_bf16_under_relaxed() -> N
     assert policy_matmul_gflops(cpu, "strict") == policy_matmul_gflops(cpu, "relaxed") == 150
 
 
+
+def test_a_cpu_gemm_above_torchs_matmul_rate_is_bounded_by_the_fma_peak() -> None:
+    """torch's fp32 matmul is a library's rate: an honest AVX-512 GEMM ran at 1.6x it on the
+    dev host. The CPU ceiling is the measured FMA rate where that is higher, and the FMA loop
+    measures something (its rate is positive and beats a scalar loop's one FMA a cycle a core
+    at 1 GHz)."""
+    import os
+
+    from kforge.schema import Profile, Timing
+    from kforge.verifier.peaks import Peaks, cpu_fma_gflops, policy_matmul_gflops
+    from kforge.verifier.profiling import roofline
+
+    host = Peaks(host="h", device="cpu", device_name="x", copy_gbps=20, matmul_gflops=150, fma_gflops=400)
+    assert policy_matmul_gflops(host, "strict") == policy_matmul_gflops(host, "relaxed") == 400
+    # 1 GFLOP in 4 ms = 250 GFLOP/s: above torch's 150, below the FMA units' 400
+    t = Timing(median_ms=4.0, mean_ms=4.0, cv=0.01, reps=20, min_ms=4.0)
+    ceiling = host.model_copy(update={"matmul_gflops": policy_matmul_gflops(host, "strict")})
+    assert roofline(Profile(ok=True, candidate=t, flops=1e9, min_bytes=1e6), ceiling).ok
+    assert roofline(Profile(ok=True, candidate=t, flops=1e9, min_bytes=1e6), host.model_copy(
+        update={"fma_gflops": 0.0})).reason == "beats_roofline"
+    assert cpu_fma_gflops(200_000) > 2.0 * len(os.sched_getaffinity(0))
+
 def test_a_cache_resident_working_set_is_bounded_by_cache_bandwidth() -> None:
     from kforge.schema import Profile, Timing
     from kforge.verifier.peaks import Peaks
