@@ -75,6 +75,7 @@ class WorkflowPlan:
     python: str = sys.executable
     resolved: str = ""
     grid: list[tuple[str, str, str, str]] = field(default_factory=list)
+    problems: dict[str, list[str]] = field(default_factory=dict)  # suite -> its problems in this run
     code: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -84,7 +85,7 @@ class WorkflowPlan:
         _check_own_adapters(config, source)
         plan = cls(config=config)
         plan.resolved = str(resolved_config_path(config))
-        problems = {suite: suite_problems(config, suite) for suite in config.run.suites}
+        problems = plan.problems = {suite: suite_problems(config, suite) for suite in config.run.suites}
         plan.grid = [
             (agent, platform, suite, problem)
             for agent in config.run.agents

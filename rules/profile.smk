@@ -15,6 +15,9 @@ rule peaks:
     output:
         f"{ROOT}/host/peaks-{{platform}}.json",
     threads: workflow.cores
+    # first, on the machine alone: it needs every core, and behind the stream of other jobs
+    # it waited until the last of them had drained (the README's main job: 250 s)
+    priority: 100
     resources:
         gpu=lambda w: 1 if w.platform in ("triton", "cuda") else 0,
     log:
@@ -24,22 +27,24 @@ rule peaks:
 
 
 rule warm:
-    """torch.compile of the reference, compiled while other jobs share the machine: the timing
-    jobs that own it load the compiled baseline from these caches (kforge/verifier/compile_cache.py)."""
+    """torch.compile of a suite's references, compiled while other jobs share the machine: the
+    timing jobs that own it load the compiled baselines from these caches
+    (kforge/verifier/compile_cache.py). One worker compiles the whole suite: inductor's start in
+    a fresh process was ~8 s of each problem's ~9 s."""
     input:
-        problem=f"{ROOT}/problems/{{suite}}/{{problem}}.json",
+        problems=lambda w: [f"{ROOT}/problems/{w.suite}/{p}.json" for p in PLAN.problems[w.suite]],
     output:
-        f"{ROOT}/warm/{{platform}}/{{suite}}/{{problem}}.json",
+        f"{ROOT}/warm/{{platform}}/{{suite}}.json",
     params:
         code=PLAN.code["warm"],
         settings=PLAN.settings_digest("profile", "policy"),
         suite=lambda w: PLAN.suite_digest(w.suite),
-    threads: 2
+    threads: 1
     log:
-        f"{ROOT}/logs/warm-{{platform}}-{{suite}}-{{problem}}.log",
+        f"{ROOT}/logs/warm-{{platform}}-{{suite}}.log",
     shell:
         "{STAGE} warm --config {CFG} --platform {wildcards.platform} --suite {wildcards.suite} "
-        "--problem {wildcards.problem} --problem-record {input.problem} --out {output} > {log} 2>&1"
+        "--inputs {input.problems} --out {output} > {log} 2>&1"
 
 
 rule profile:
@@ -53,7 +58,7 @@ rule profile:
         kernel=f"{RUN}/r{{r}}/kernel.py",
         verified=f"{RUN}/r{{r}}/verify.json",
         peaks=f"{ROOT}/host/peaks-{{platform}}.json",
-        warm=lambda w: [f"{ROOT}/warm/{w.platform}/{w.suite}/{w.problem}.json"] if PLAN.profile_baselines else [],
+        warm=lambda w: [f"{ROOT}/warm/{w.platform}/{w.suite}.json"] if PLAN.profile_baselines else [],
     output:
         f"{RUN}/r{{r}}/profile.json",
     params:

@@ -8,7 +8,7 @@ rule select:
         rounds=lambda w: _rounds(w, ("kernel.py", "candidate.json", "verify.json", "profile.json", "analysis.json")),
         peaks=f"{ROOT}/host/peaks-{{platform}}.json",
         problem=f"{ROOT}/problems/{{suite}}/{{problem}}.json",
-        warm=f"{ROOT}/warm/{{platform}}/{{suite}}/{{problem}}.json",
+        warm=f"{ROOT}/warm/{{platform}}/{{suite}}.json",
     output:
         f"{RUN}/best.json",
     params:

@@ -69,9 +69,10 @@ def test_the_pipeline_reports_problem_error_and_asks_no_agent(tmp_path: Path) ->
         assert "\n" not in detail and "no agent was asked" in detail and "no_candidate" not in detail
     work = [e["stage"] for e in ledger(tmp_path)]
     assert "agent_call" not in work and "verify" not in work and "profile" not in work, work
+    warm = json.loads((tmp_path / "artifacts" / "warm" / "cpu" / "broken.json").read_text())["problems"]
+    assert set(warm) == set(BROKEN)
     for name in BROKEN:
-        warm = json.loads((tmp_path / "artifacts" / "warm" / "cpu" / "broken" / f"{name}.json").read_text())
-        assert warm["skipped"].startswith("the problem does not load: ")
+        assert warm[name]["skipped"].startswith("the problem does not load: ")
 
 
 # the cpu platform's one-shot pair: a candidate that builds and verifies against its problem

@@ -60,8 +60,7 @@ def run_stage(a: argparse.Namespace) -> int:
     elif a.stage == "warm":
         from kforge.stages.warm import run_warm
 
-        run_warm(ctx, platform=a.platform, suite=a.suite, problem=a.problem, problem_record=a.problem_record,
-                 out=a.out)
+        run_warm(ctx, platform=a.platform, suite=a.suite, problem_records=a.inputs, out=a.out)
     elif a.stage == "generate":
         from kforge.stages.generate import run_generate
 

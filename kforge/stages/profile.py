@@ -74,7 +74,7 @@ def run_profile(
             timeout_s=prof.timeout_s, peaks=host_peaks(ctx, verified.verdict.device),
             remeasure=lambda: host_peaks(ctx, verified.verdict.device, fresh=True),
             **({"policy": ctx.config.policy, "compile_baseline": prof.compile_baseline,
-                "compile_cache": seed_for(warm_record)} if baselines else {}),
+                "compile_cache": seed_for(warm_record, problem)} if baselines else {}),
         )
         if prof.ncu and profile.ok and profile.device == "cuda":
             from kforge.verifier.ncu import ncu_metrics

@@ -100,6 +100,16 @@ class WarmRecord(Record):
     phase_s: dict[str, float] = Field(default_factory=dict)
 
 
+class WarmSuiteRecord(Record):
+    """The warm job of one platform x suite: a :class:`WarmRecord` per problem, their caches in
+    one folder (one worker compiled them all)."""
+
+    kind: Literal["warm_suite"] = "warm_suite"
+    platform: str
+    suite: str
+    problems: dict[str, WarmRecord] = Field(default_factory=dict)
+
+
 class AnalysisRecord(Record):
     kind: Literal["analysis"] = "analysis"
     agent: str

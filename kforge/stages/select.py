@@ -208,7 +208,7 @@ def run_select(
             build_dir=ctx.build_dir.resolve(), warmup=prof.warmup, reps=prof.reps,
             threads=prof.threads, timeout_s=prof.timeout_s, peaks=host_peaks(ctx, verdicts[best].verdict.device),
             remeasure=lambda: host_peaks(ctx, verdicts[best].verdict.device, fresh=True),
-            compile_baseline=prof.compile_baseline, compile_cache=seed_for(warm_record),
+            compile_baseline=prof.compile_baseline, compile_cache=seed_for(warm_record, first.problem),
         )
         hit = {"profile": ctx.store.put_json(profile), "seconds": round(time.perf_counter() - start, 3)}
         ctx.ledger("select", platform=first.platform, problem=first.problem, source=best_source)

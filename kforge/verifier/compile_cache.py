@@ -53,6 +53,15 @@ def warm(problem_path: Path, *, platform: str, dest: Path, preset: str, sizes: d
     """Compile the reference in a worker of its own and keep its caches in ``dest`` (replaced
     whole). Returns ``{"ok", "detail", "folder", "manifest", "files", "bytes", "seconds",
     "phase_s"}``; never raises for what the problem or inductor does."""
+    return warm_many({"": Path(problem_path)}, platform=platform, dest=dest, preset=preset, sizes=sizes,
+                     build_dir=build_dir, threads=threads, timeout_s=timeout_s)[""]
+
+
+def warm_many(problems: dict[str, Path], *, platform: str, dest: Path, preset: str, sizes: dict[str, int] | None,
+              build_dir: Path | None, threads: int | None, timeout_s: float = 600) -> dict[str, dict[str, Any]]:
+    """:func:`warm` for several problems (a suite: one preset and sizes) in one worker, their
+    caches in one folder, so inductor starts once: ``{name: result}``, each result with the
+    folder's manifest, ok where that problem compiled. Kept only if at least one compiled."""
     from kforge.platforms import get_platform
     from kforge.verifier.verify import MODEL_SEED
 
@@ -60,31 +69,42 @@ def warm(problem_path: Path, *, platform: str, dest: Path, preset: str, sizes: d
     plat = get_platform(platform)
     device = plat.device()
     build = build_folder(platform, build_dir)
-    problem_path = Path(problem_path).resolve()
+    paths = {name: Path(path).resolve() for name, path in problems.items()}
     staging = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    job = {"mode": "compile_cache", "problem_path": str(problem_path), "preset": preset, "sizes": sizes,
-           "device": device, "model_seed": MODEL_SEED, "threads": threads}
+    job: dict[str, Any] = {"mode": "compile_cache", "problems": [{"name": n, "problem_path": str(p)} for n, p in paths.items()],
+                           "preset": preset, "sizes": sizes, "device": device, "model_seed": MODEL_SEED,
+                           "threads": threads}
     out = run_job(job, scratch_root=None, env_extra=plat.worker_env(build),
                   limits=Limits(timeout_s=timeout_s, memory_mb=None), gpu=device == "cuda",
-                  ro_paths=[problem_path.parent], keep_to=staging)
-    body = next((f.header for f in out.frames if f.header.get("kind") == "compile_cache"), {})
-    result: dict[str, Any] = {"ok": False, "device": device, "phase_s": body.get("phase_s", {})}
-    if out.reason is not None or not body:
+                  ro_paths=sorted({p.parent for p in paths.values()}), keep_to=staging)
+    bodies = {f.header.get("name", ""): f.header for f in out.frames if f.header.get("kind") == "compile_cache"}
+
+    def result(name: str, **extra: Any) -> dict[str, Any]:
+        body = bodies.get(name, {})
+        return {"ok": False, "device": device, "phase_s": body.get("phase_s", {}),
+                "seconds": round(sum(body.get("phase_s", {}).values()), 3), **extra}
+
+    stopped = f"{out.reason.value}: {out.detail}" if out.reason else "no answer from the worker"
+    failed = {n: result(n, detail=(bodies[n].get("detail") or "") if n in bodies else stopped[:1000]) for n in paths
+              if not bodies.get(n, {}).get("ok", n in bodies)}
+    if len(failed) == len(paths):
         shutil.rmtree(staging, ignore_errors=True)
-        detail = f"{out.reason.value}: {out.detail}" if out.reason else "no answer from the worker"
-        return {**result, "detail": detail[:1000], "seconds": round(time.monotonic() - start, 3)}
+        return failed
     try:
         manifest = manifest_of(staging)  # a link kept from the worker's caches is refused here
     except ValueError as err:
         shutil.rmtree(staging, ignore_errors=True)
-        return {**result, "detail": f"caches not kept: {err}", "seconds": round(time.monotonic() - start, 3)}
+        return {n: result(n, detail=f"caches not kept: {err}") for n in paths}
     shutil.rmtree(dest, ignore_errors=True)
     staging.rename(dest)
-    return {**result, "ok": True, "detail": "", "folder": str(dest), "manifest": manifest, "files": len(manifest),
-            "bytes": sum((dest / rel).stat().st_size for rel in manifest),
-            "seconds": round(time.monotonic() - start, 3)}
+    size = sum((dest / rel).stat().st_size for rel in manifest)
+    whole = round(time.monotonic() - start, 3)
+    return {n: failed.get(n) or result(n, ok=True, detail="", folder=str(dest), manifest=manifest,
+                                       files=len(manifest), bytes=size, seconds=whole if len(paths) == 1 else
+                                       round(sum(bodies[n].get("phase_s", {}).values()), 3))
+            for n in paths}
 
 
 @dataclass

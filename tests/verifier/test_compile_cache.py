@@ -86,6 +86,40 @@ def test_a_warmed_compile_is_found_by_the_timing_job(tmp_path: Path) -> None:
     assert prof.extra["compile_cache"] == f"hit: {result['files']} files"
 
 
+
+@pytest.mark.slow
+def test_a_suite_warms_in_one_worker_and_a_broken_problem_spoils_only_its_own(tmp_path: Path) -> None:
+    """Two problems and one whose reference raises, compiled by one worker into one folder:
+    the two are ok with the folder's manifest, the broken one says why, and a timing job of the
+    second problem finds its compile in the shared caches."""
+    from kforge.verifier.compile_cache import warm_many
+
+    broken = tmp_path / "broken.py"
+    broken.write_text(SCALE_TANH.read_text().replace("def forward(self, x", "def forward(self, x_not_used=None, *, x"))
+    softmax = Path(__file__).resolve().parents[2] / "problems" / "starter" / "softmax_rows.py"
+    results = warm_many({"tanh": SCALE_TANH, "broken": broken, "softmax": softmax}, platform="cpu",
+                        dest=tmp_path / "cache", preset="ci", sizes=None, build_dir=tmp_path / "build", threads=1,
+                        timeout_s=300)
+    assert results["tanh"]["ok"] and results["softmax"]["ok"], results
+    assert results["tanh"]["folder"] == results["softmax"]["folder"] == str(tmp_path / "cache")
+    assert results["softmax"]["manifest"] == manifest_of(tmp_path / "cache")
+    assert not results["broken"]["ok"] and results["broken"]["detail"].startswith("harness_error: ")
+    assert seed_from_record(results["broken"]) is None
+    seed = seed_from_record(results["softmax"])
+    from kforge.verifier.profiling import profile_candidate
+
+    from kforge.agents.expert.codegen.backend import render_default
+    from kforge.agents.expert.plan.planner import plan_problem
+
+    from kforge.platforms import get_platform
+    from kforge.verifier.runner import build_folder
+
+    candidate = render_default(plan_problem(softmax.read_text()), "cpu", "strict", softmax.read_text())
+    assert get_platform("cpu").build(candidate, build_folder("cpu", tmp_path / "build")).ok
+    prof = profile_candidate(candidate, softmax, platform="cpu", preset="ci", baselines=True, reps=3, threads=1,
+                             build_dir=tmp_path / "build", policy="strict", compile_cache=seed)
+    assert prof.ok and prof.extra["compile_cache"] == f"hit: {results['softmax']['files']} files"
+
 def test_warm_keeps_nothing_when_the_caches_hold_a_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A link among the worker's caches (kept as a link, never followed) fails the warm job with
     its reason; no folder is left for a timing job to plant."""
