@@ -27,6 +27,7 @@ class Peaks(Record):
     tf32_gflops: float = 0.0  # CUDA only: TF32 tensor cores, fp32 accumulate
     bf16_gflops: float = 0.0  # CUDA only
     fma_gflops: float = 0.0  # CPU only: a register-resident FMA loop on every core (the ISA's peak)
+    cores: int = 0  # CPU only: the cores the rates were measured on (0: unknown)
     measured_at: str = ""
 
 
@@ -150,7 +151,7 @@ def _measure(device: str, host: str, name: str) -> Peaks:
         ah, bh = a.bfloat16(), b.bfloat16()
         bf16 = 2 * size**3 / _best_seconds(lambda: torch.mm(ah, bh), device, 5) / 1e9
     fma = cpu_fma_gflops() if device == "cpu" else 0.0
-    peaks = Peaks(host=host, device=device, device_name=name,
+    peaks = Peaks(host=host, device=device, device_name=name, cores=len(os.sched_getaffinity(0)) if device == "cpu" else 0,
                   copy_gbps=2 * n_copy * 4 / copy_s / 1e9, matmul_gflops=2 * size**3 / mm_s / 1e9,
                   cache_copy_gbps=2 * n_small * 4 / small_s / 1e9, read_gbps=n_copy * 4 / read_s / 1e9,
                   rated_gbps=rated_dram_gbps(torch.cuda.current_device()) if device == "cuda" else 0.0,

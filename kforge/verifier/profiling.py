@@ -90,6 +90,8 @@ def roofline(profile: Profile, peaks: Peaks | None, remeasure: Callable[[], Peak
             profile.extra["peaks_remeasured"] = {k: round(getattr(peaks, k), 1) for k in RATES}
             floor = _floor_ms(profile, peaks)
     profile.peak_gflops, profile.peak_gbps = peaks.matmul_gflops, bandwidth_ceiling(peaks)
+    if peaks.cores:
+        profile.extra["peak_cores"] = peaks.cores
     profile.roofline_ms = floor
     beats = floor > 0 and cand.median_ms < ROOFLINE_SLACK * floor
     profile.extra["beats_roofline"] = beats
