@@ -126,11 +126,12 @@ def test_pipeline_through_slurm_matches_a_local_run(cluster: Any, tmp_path: Path
     jobs = [r for r in sacct_jobs(cluster) if r["jobid"] not in before]
     assert jobs and all(r["state"] == "COMPLETED" for r in jobs), jobs
     comments = " ".join(r["comment"] for r in jobs)
-    for rule in ("rule_problem", "rule_example", "rule_peaks", "rule_select", "rule_cell_"):
+    for rule in ("rule_problem", "rule_example", "rule_peaks", "rule_warm", "rule_select", "rule_cell_"):
         assert rule in comments, (rule, comments)
     selects = [r for r in jobs if r["comment"].startswith("rule_select")]
     assert len(selects) == len(PROBLEMS) and all(r["alloccpus"] == str(os.cpu_count()) for r in selects), selects
-    assert len(jobs) == 3 + 2 * len(PROBLEMS)  # problem, example, peaks + a cell group and a select per problem
+    # example, peaks, the suite's warm + a problem job, a cell group and a select per problem
+    assert len(jobs) == 3 + 3 * len(PROBLEMS)
     assert "rule_tables" not in comments and "rule_report" not in comments  # local rules: on this host
     queue = subprocess.run(["squeue", "-h"], env=cluster.env(), capture_output=True, text=True, check=True).stdout
     assert queue.strip() == "", f"jobs left in the queue: {queue}"
