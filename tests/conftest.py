@@ -2,7 +2,8 @@
 
 - The expert's coverage sample (``tests/test_expert_coverage.COVERAGE``) is printed in the
   terminal summary; under pytest-xdist each row travels from its worker in the test's report.
-- Files with a ``slow`` test are collected first (the longest work starts first).
+- Files with a ``slow`` test are collected first (the longest work starts first), ``exclusive``
+  files last.
 - Under pytest-xdist (``.ci/run`` runs two workers, a file to a worker), a test file marked
   ``exclusive`` (its assertions rest on timings or wall-clock bounds) runs while no other file
   does: every file holds a share of one lease for its whole run (module fixtures included), an
@@ -26,11 +27,14 @@ SUMMARY: list[str] = []  # coverage rows, gathered where the reports arrive
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with a ``slow`` test (a pipeline run: minutes) first, the rest in their order: with
-    a file to a worker, the long ones then start at once instead of ending the run on one
-    worker while the other idles."""
+    """Files with a ``slow`` test (a pipeline run: minutes) first, ``exclusive`` files last, the
+    rest in their order between: with a file to a worker, the long ones start at once instead of
+    ending the run on one worker while the other idles, and an exclusive file waits only for the
+    short file the other worker ends on (in the middle it waited behind whatever long file the
+    other worker had, and that worker's next file behind it)."""
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow)  # stable: the order within each part stays
+    alone = {item.path for item in items if item.get_closest_marker("exclusive") is not None}
+    items.sort(key=lambda item: 2 if item.path in alone else 0 if item.path in slow else 1)  # stable
 
 
 @pytest.fixture(autouse=True, scope="module")
