@@ -96,7 +96,7 @@ def vector_isa(cxx: str = CXX) -> str:
     ``avx512``, ``avx2`` or ``none`` (no compiler, or neither), read from its predefined macros."""
     if shutil.which(cxx) is None:
         return "none"
-    flags = [f for f in CXX_FLAGS if f.startswith(("-march", "-mtune", "-m"))]
+    flags = [f for f in CXX_FLAGS if f.startswith("-m")]
     out = subprocess.run([cxx, *flags, "-dM", "-E", "-x", "c++", os.devnull],
                          capture_output=True, text=True, check=False).stdout
     for isa, macro in (("avx512", "__AVX512F__"), ("avx2", "__AVX2__")):

@@ -99,12 +99,11 @@ def warm_many(problems: dict[str, Path], *, platform: str, dest: Path, preset: s
         return {n: result(n, detail=f"caches not kept: {err}") for n in paths}
     shutil.rmtree(dest, ignore_errors=True)
     staging.rename(dest)
-    size = sum((dest / rel).stat().st_size for rel in manifest)
-    whole = round(time.monotonic() - start, 3)
-    return {n: failed.get(n) or result(n, ok=True, detail="", folder=str(dest), manifest=manifest,
-                                       files=len(manifest), bytes=size, seconds=whole if len(paths) == 1 else
-                                       round(sum(bodies[n].get("phase_s", {}).values()), 3))
-            for n in paths}
+    kept = {"ok": True, "detail": "", "folder": str(dest), "manifest": manifest, "files": len(manifest),
+            "bytes": sum((dest / rel).stat().st_size for rel in manifest)}
+    if len(paths) == 1:  # one problem: the job's whole time, start-up included
+        kept["seconds"] = round(time.monotonic() - start, 3)
+    return {n: failed.get(n) or result(n, **kept) for n in paths}
 
 
 @dataclass

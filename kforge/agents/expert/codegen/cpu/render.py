@@ -60,6 +60,9 @@ class KernelRender(CKernel):
         super().__init__(kernel, program, CPU_OPS[knobs.fast])
         self.kn = knobs
 
+    def store(self, s: Store, scope: Scope) -> str:
+        return super().store(Store(s.buffer, s.index, self.reciprocal(s.value, scope)), scope)
+
     def par(self, work: str, clauses: str = "") -> str:
         return (f"#pragma omp parallel for num_threads(nthreads) schedule(static){clauses} "
                 f"if({work} > {self.kn.par_min})\n")
@@ -89,7 +92,7 @@ class KernelRender(CKernel):
             root.add(outer)
             outer.add(inner)
         for s in k.stores:
-            inner.add(self.store(Store(s.buffer, s.index, self.reciprocal(s.value, inner.scope)) if names else s, inner.scope))
+            inner.add(self.store(s, inner.scope))
         return root
 
     def mode(self, k: RowKernel) -> str:
@@ -223,7 +226,7 @@ class KernelRender(CKernel):
                     inner.scope.defs.append(f"const float {name} = rc{i}[{flat}];")
                     inner.scope.memo[kept] = name
             for s in k.full_stores:
-                inner.add(self.store(Store(s.buffer, s.index, self.reciprocal(s.value, inner.scope)), inner.scope))
+                inner.add(self.store(s, inner.scope))
         return root
 
     def row_cache(self, k: RowKernel) -> list[E]:
@@ -235,10 +238,11 @@ class KernelRender(CKernel):
         for r in k.reductions:
             if r.pass_no == k.passes:
                 inside.update(r.body.walk())
+        reduced = {f"r{i}" for i in range(len(k.red))}  # the loop variables row() names them
         found: list[E] = []
 
         def visit(e: E) -> None:
-            if e in inside and e.dt == "f32" and _costly(e) and any(x.op == "var" and x.v[0].startswith("r") for x in e.walk()):
+            if e in inside and e.dt == "f32" and _costly(e) and any(x.op == "var" and x.v[0] in reduced for x in e.walk()):
                 if e not in found:
                     found.append(e)
                 return
