@@ -186,12 +186,19 @@ def interpret(result: SandboxResult, nonce: bytes, scratch: Path | None) -> JobO
         return out(Reason.OUTPUT_FLOOD, "stdout/stderr exceeded the cap; the run was stopped")
     if result.timed_out:
         return out(Reason.TIMEOUT, f"no answer within {result.seconds:.1f} s; killed\n{result.stderr[-600:]}")
+    if result.result_overflow:  # cut at the cap: its last frame is torn, not forged
+        return out(Reason.OUTPUT_FLOOD, "result exceeded the size cap")
     try:
         frames = decode_frames(result.result, nonce)
     except ProtocolError as err:
+        # a worker killed mid-write (the memory cap, the process limit) leaves a torn frame: that
+        # is its cause, not tampering (a ConvTranspose3d reference killed by the memory cap read
+        # as harness_tampering: "torn blob")
+        if result.oom:
+            return out(Reason.OOM, f"killed by the memory limit (result pipe: {err})")
+        if result.pids_limited:
+            return out(Reason.PROCESS_LIMIT, f"hit the process-count limit (result pipe: {err})")
         return out(Reason.HARNESS_TAMPERING, f"result pipe: {err}")
-    if result.result_overflow:
-        return out(Reason.OUTPUT_FLOOD, "result exceeded the size cap")
     finished = bool(frames) and frames[-1].header.get("kind") == "done"
     if finished:
         error = frames[-1].header.get("error")
