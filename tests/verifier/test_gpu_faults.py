@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kforge.verifier import profile_candidate
+from kforge.verifier.repeats import REPEATS
 
 from .conftest import SCALE_TANH, assert_nothing_left, honest_with, verify
 
@@ -41,14 +42,17 @@ def test_illegal_address_is_a_device_error_or_crash() -> None:
     assert (torch.ones(1, device="cuda") + 1).item() == 2  # this process's GPU is unharmed
 
 
-# The verifier calls ModelNew max(trials, 4) times plus once at other sizes; the profile calls
-# it warmup + reps times. A fault after FAULT_AFTER calls passes the first, breaks the second.
-TRIALS, WARMUP, REPS = 3, 3, 20
-FAULT_AFTER = 8
+# The verifier calls ModelNew max(trials, 4) times, once at other sizes, then REPEATS times
+# and once on a fresh instance in the repeat phase (one process, one module-level counter);
+# the profile's fresh process calls it warmup + reps times. A fault after FAULT_AFTER calls
+# passes the first and breaks the second. (With FAULT_AFTER = 8, written before the repeat
+# phase existed, the H100 run of 2026-12-07 saw the fault in the repeat phase: stale_output.)
+TRIALS, WARMUP, REPS = 3, 3, 40
+FAULT_AFTER = 30
 
 
 def test_cuda_error_during_timing_after_correctness_passed() -> None:
-    correctness_calls = max(TRIALS, 4) + 1
+    correctness_calls = max(TRIALS, 4) + 1 + REPEATS + 1
     assert correctness_calls < FAULT_AFTER < WARMUP + REPS
     body = ("        _CALLS[0] += 1\n"
             f"        if _CALLS[0] > {FAULT_AFTER}:\n"
