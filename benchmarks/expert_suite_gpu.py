@@ -7,6 +7,9 @@ Two steps (candidates are shape-generic, so they are generated once, anywhere):
     python benchmarks/expert_suite_gpu.py run problems/level2 --cands .h200/cands --out OUT/suite.jsonl
     python benchmarks/expert_suite_gpu.py table OUT/suite.jsonl > benchmarks/results/level2_h200.md
 
+``--suite conv`` takes a folder's convolution + tail problems instead of its GEMM ones (the
+im2col ``unfold`` + GEMM path, e.g. ``../shared/kernelbench/level2``; pass it to every step).
+
 ``run`` is resumable (problems already in the JSONL are skipped) and stops cleanly before
 ``--deadline`` seconds. Per problem: the reference at ``full`` sizes on the GPU with TF32 off
 gives the fp32 ground truth; eager and torch.compile are timed with PyTorch's defaults
@@ -37,16 +40,26 @@ LADDER = {"strict": ("fp16x3", "tf32x3", "ieee"), "relaxed": ("fp16", "fp16x2", 
 
 
 ONLY: set[str] = set()  # --only: problem id prefixes (001,020) to restrict a run to
+SUITE = ["gemm"]  # --suite: which problems of a folder ("gemm" or "conv")
+
+
+def _is_conv(path: Path, text: str) -> bool:
+    return "conv" in path.name.lower() or "Conv" in text
 
 
 def gemm_problems(folder: Path) -> list[Path]:
-    """The suite's GEMM / matmul / bmm + tail problems (convolutions are out of scope)."""
+    """The suite's problems, by id: GEMM / matmul / bmm + tail (``--suite gemm``: convolutions
+    left out) or convolution + tail (``--suite conv``)."""
     out = []
-    for path in sorted(folder.glob("*.py")):
+    for path in sorted(folder.glob("*.py"), key=lambda p: (len(p.stem.split("_")[0]), p.stem)):
         if ONLY and path.stem.split("_")[0] not in ONLY:
             continue
         text = path.read_text()
-        if "conv" in path.name or "Conv" in text:
+        if SUITE[0] == "conv":
+            if _is_conv(path, text):
+                out.append(path)
+            continue
+        if _is_conv(path, text):
             continue
         if any(w in text for w in ("nn.Linear", "matmul", "torch.bmm", "@")):
             out.append(path)
@@ -187,7 +200,8 @@ def run(folder: Path, cands: Path, out: Path, deadline: float) -> None:
             return
         t0 = time.monotonic()
         try:
-            proc = subprocess.run([sys.executable, __file__, "one", str(path), "--cands", str(cands)],
+            proc = subprocess.run([sys.executable, __file__, "one", str(path), "--cands", str(cands),
+                                   "--suite", SUITE[0]],
                                   capture_output=True, text=True, timeout=left)
             lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
             row = json.loads(lines[-1]) if lines else {"problem": path.stem, "error": proc.stderr[-400:]}
@@ -226,10 +240,10 @@ def table(path: Path) -> str:
     summary = []
     for p in POLICIES:
         g_all = math.exp(sum(logs[p]) / n) if n else float("nan")
-        g_ship = math.exp(sum(map(math.log, shipped[p])) / len(shipped[p])) if shipped[p] else float("nan")
+        g_ship = f"{math.exp(sum(map(math.log, shipped[p])) / len(shipped[p])):.2f}x" if shipped[p] else "none"
         fast = {q: sum(1 for r in rows if r.get(p, {}).get("status") == "verified" and r[p]["speedup"] > q) / n for q in (1.0, 1.5, 2.0)}
         summary.append(f"{p}: {n} problems, {len(shipped[p])} faster than the faster baseline; geomean over the whole suite "
-                       f"(not faster = 1.0) {g_all:.2f}x; geomean over those faster only {g_ship:.2f}x; "
+                       f"(not faster = 1.0) {g_all:.2f}x; geomean over those faster only {g_ship}; "
                        f"fast_1 {fast[1.0]:.2f}, fast_1.5 {fast[1.5]:.2f}, fast_2 {fast[2.0]:.2f}")
     return "\n".join(lines) + "\n\n" + "\n".join(summary) + "\n"
 
@@ -243,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--deadline", type=float, default=540)
     ap.add_argument("--only", default="", help="comma-separated problem ids (001,020): only these")
+    ap.add_argument("--suite", choices=("gemm", "conv"), default="gemm")
     a = ap.parse_args(argv)
+    SUITE[0] = a.suite
     ONLY.update(x for x in a.only.split(",") if x)
     if a.step == "generate":
         generate(a.path, a.to)
