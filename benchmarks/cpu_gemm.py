@@ -145,7 +145,7 @@ def main() -> int:
             cells = []
             for threads in args.threads:
                 torch.set_num_threads(threads)
-                ours, theirs = time_pair(lambda: new(a, b), lambda: torch.matmul(a, b), args.reps)
+                ours, theirs = time_pair(lambda new=new, a=a, b=b: new(a, b), lambda a=a, b=b: torch.matmul(a, b), args.reps)
                 cells.append((threads, flop / ours / 1e6, flop / theirs / 1e6, theirs / ours))
             rows.append((shape, users, cells))
             print(f"{shape}: " + "; ".join(f"{t}t {o:.0f} vs {r:.0f} GFLOP/s ({x:.2f}x)" for t, o, r, x in cells),

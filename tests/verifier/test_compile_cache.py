@@ -106,12 +106,10 @@ def test_a_suite_warms_in_one_worker_and_a_broken_problem_spoils_only_its_own(tm
     assert not results["broken"]["ok"] and results["broken"]["detail"].startswith("harness_error: ")
     assert seed_from_record(results["broken"]) is None
     seed = seed_from_record(results["softmax"])
-    from kforge.verifier.profiling import profile_candidate
-
     from kforge.agents.expert.codegen.backend import render_default
     from kforge.agents.expert.plan.planner import plan_problem
-
     from kforge.platforms import get_platform
+    from kforge.verifier.profiling import profile_candidate
     from kforge.verifier.runner import build_folder
 
     candidate = render_default(plan_problem(softmax.read_text()), "cpu", "strict", softmax.read_text())
