@@ -11,8 +11,11 @@
 #   verifygpu         issue 15's GPU rows: benchmarks/verify_gpu_check.py, then
 #                     pytest -m gpu tests/verifier/test_gpu_verify.py
 #   gputests          pytest -m gpu for the verifier's and the platforms' GPU rows (4 files at once)
-#   pytest:FILE       pytest -m gpu FILE alone (output kept, -s: what the test prints); with
-#                     KFORGE_SESSION_STOP_ON_FAIL set, a failing FILE ends the call there
+#   pytest:FILE       pytest -m gpu FILE alone (output kept, -s: what the test prints), in an
+#                     equal share of the time left per phase still to run; with
+#                     KFORGE_SESSION_STOP_ON_FAIL set, a failing FILE ends the call there;
+#                     KFORGE_SESSION_XDIST=N runs it under pytest-xdist -n N (pytest_xdist and
+#                     execnet wheels in WHEELS_DIR; -s output is then lost, -rA keeps the verdicts)
 #   baselines         benchmarks/baselines.py --preset full --device cuda for starter, level1, level2
 # KFORGE_SNAKEMAKE_ARGS goes to every pipeline's snakemake (e.g. --prioritize TARGETS...).
 # Each phase is skipped once done (markers in .h200-state/, which survives while the device
@@ -120,8 +123,13 @@ sys.exit(0 if any(r["kind"] == "verify full" and r["candidate"] == "HONEST" and 
     pytest:*)
       file=${phase#pytest:}; name=pytest_$(basename "$file" .py)
       [ -f "$state/$name.done" ] && continue
-      timeout -k 10 $(( $(left) / 3 )) python3 -m pytest -q -s -m gpu -p no:cacheprovider -rA "$file" \
-        > "$out/$name.txt" 2>&1
+      # an equal share of what is left for each phase still to run (this one included): a fixed
+      # third cut the CUDA backend's test (40 nvcc builds, ~9 min alone) at 186 s on 2026-12-07
+      rest=$(( $(printf '%s\n' $phases | sed -n "/^${phase//\//\\/}\$/,\$p" | wc -l) ))
+      xdist=()
+      [ -n "${KFORGE_SESSION_XDIST:-}" ] && xdist=(-n "$KFORGE_SESSION_XDIST")  # builds on the cores
+      timeout -k 10 $(( $(left) / (rest > 0 ? rest : 1) )) python3 -m pytest -q -s -m gpu -p no:cacheprovider \
+        -rA "${xdist[@]}" "$file" > "$out/$name.txt" 2>&1
       rc=$?
       [ $rc -ne 124 ] && [ $rc -ne 137 ] && touch "$state/$name.done"
       echo "$name exit $rc" | tee -a "$out/session.txt"
