@@ -171,13 +171,20 @@ def test_a_column_major_left_and_row_major_right_operand_pack_along_memory(tmp_p
     torch.testing.assert_close(got, torch.sigmoid(a.t() @ b), atol=1e-5, rtol=1e-5)
 
 def test_softmax_computes_each_exponential_once() -> None:
-    """The last pass keeps ``exp(x - max)`` in a row of scratch that the stores read, and the
-    stores multiply by the sum's reciprocal: one exponential and no division an element."""
+    """The last pass keeps ``exp(x - max)`` in the output row itself (its one store, an f32
+    buffer the kernel never reads: no scratch row), and the store scales it in place by the
+    sum's reciprocal: one exponential and no division an element."""
+    import re
+
     src = _ci_source(ROOT / "starter/softmax_rows.py")
     cpp = cpu_runtime.extract_cpp_source(render_default(plan_problem(src), "cpu", "strict", src))
     kernel = cpp[cpp.index('extern "C"'):]
-    assert kernel.count("kf_exp(") == 1 and "rc0[r0] = " in kernel
-    assert " / " not in kernel.split("rc0[r0] = ", 1)[1].replace("(1.0f / ", "")
+    kept = re.search(r"(b_\w+)\[(t\d+)\] = (t\d+);", kernel)  # the exponential, into the output
+    assert kernel.count("kf_exp(") == 1 and "kf_rc" not in kernel and kept is not None, kernel
+    assert f"const float {kept.group(3)} = kf_exp(" in kernel
+    rest = kernel.split(kept.group(0), 1)[1]
+    assert re.search(rf"const float t\d+ = {kept.group(1)}\[t\d+\];", rest), rest  # read back by the store
+    assert " / " not in rest.replace("(1.0f / ", "")
 
 def test_shape_guard_refuses_a_size_the_program_fixed() -> None:
     """A buffer dim the program holds as a constant is checked before any kernel runs: a
