@@ -89,6 +89,10 @@ class Operand:
     buffer: str
     strides: tuple[E, E, E]  # element strides along (batch, rows, cols) of the operand
     offset: E
+    # an operand stored first by a prologue kernel: its value at (g0, g1, g2) as an index map
+    # over other buffers (a conv's im2col), for a backend that reads it inside the GEMM instead
+    # (:mod:`.gather`); None for a strided view
+    gather: E | None = None
 
 
 @dataclass

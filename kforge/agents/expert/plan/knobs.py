@@ -5,6 +5,7 @@
               TritonRow        BLOCK_O BLOCK_R num_warps
               TritonScan       BLOCK_S num_warps
               TritonGemm       GROUP_M precast precision BLOCK_M/N/K num_warps num_stages b_regs tma
+                               gather
     cpu       (none)                                                  CpuKnobs  fast chunk col_block
                                                                                 par_min mr nr kc mc nc
     cuda      CudaPointwise    threads
@@ -172,13 +173,14 @@ class TritonGemm(Knobs):
     num_stages: int
     b_regs: int
     tma: int
+    gather: int = 0  # A read through its index map inside the K loop (an implicit GEMM: no prologue buffer)
 
     def validate(self) -> None:
         _precision(self)
         _pow2(self, "BLOCK_M", "BLOCK_N", "BLOCK_K", low=16)
         _positive(self, "GROUP_M", "num_stages")
         _warps(self)
-        _flag(self, "precast", "b_regs", "tma")
+        _flag(self, "precast", "b_regs", "tma", "gather")
 
 
 @dataclass(frozen=True)

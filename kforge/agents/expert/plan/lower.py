@@ -69,11 +69,13 @@ class Lowerer:
         e = self.value(a, sub)
         return e if e.dt == dt else E("cast", (e,), dt=dt)
 
+    def claim_of(self, node: Node, idx: tuple[E, ...]) -> E | None:
+        return self.claim(node, idx) if self.claim is not None else None
+
     def _value(self, node: Node, idx: tuple[E, ...]) -> E:
-        if self.claim is not None:
-            claimed = self.claim(node, idx)
-            if claimed is not None:
-                return claimed
+        claimed = self.claim_of(node, idx)
+        if claimed is not None:
+            return claimed
         if node in self.buffers:
             name = self.buffers[node]
             self.loads[name] = node
@@ -86,7 +88,18 @@ class Lowerer:
             return e if node.dtype == "i64" else E("cast", (e,), dt=node.dtype)
         if op == "view":
             (x,) = node.tensors
-            return self.value(x, reshape_index(idx, node.shape, x.shape))
+            sub = reshape_index(idx, node.shape, x.shape)
+            if x in self.buffers:
+                # a buffer is row-major: its reshape's element sits at the reshape's own linear
+                # index (no div/mod that a stride analysis cannot see through: a conv weight's
+                # [CO, C, kh, kw] -> [CO, C*kh*kw] stays a strided GEMM operand)
+                claimed = self.claim_of(x, sub)
+                if claimed is not None:
+                    return claimed
+                name = self.buffers[x]
+                self.loads[name] = x
+                return E("load", (linear(idx, node.shape),), v=name, dt=x.dtype)
+            return self.value(x, sub)
         if op == "permute":
             (x,) = node.tensors
             sub = [ZERO] * len(idx)

@@ -24,10 +24,15 @@ pointwise kernel. Every consumer a kernel's region does not take is recorded wit
 
 from __future__ import annotations
 
+from typing import Any
+
+import sympy
+
 from kforge.agents.expert.errors import NotFusable, UnsupportedError
 from kforge.agents.expert.ir.graph import Graph, Node
 from kforge.agents.expert.ir.ops import POINTWISE
-from kforge.agents.expert.plan.expr import E, affine, linear
+from kforge.agents.expert.plan.expr import E, affine, linear, reshape_index, sizes_equal
+from kforge.agents.expert.plan.gather import index_map
 from kforge.agents.expert.plan.kernels import (
     GemmKernel,
     Operand,
@@ -95,6 +100,7 @@ class Planner(Regions):
         """(buffer, strides) of a matmul operand; materialised first when not a strided view."""
         idx = loop_vars("g", node.shape if batched else (1, *node.shape))
         sub = idx if batched else idx[1:]
+        gather: E | None = None
         for attempt in range(2):
             why = "not a strided view of one buffer"
             try:
@@ -105,9 +111,11 @@ class Planner(Regions):
                 coeffs = affine(e.args[0], ["g0", "g1", "g2"])
                 if coeffs is not None:
                     strides, offset = coeffs
-                    return Operand(e.v, (strides["g0"], strides["g1"], strides["g2"]), offset)
+                    return Operand(e.v, (strides["g0"], strides["g1"], strides["g2"]), offset, gather)
             if attempt == 0:
-                self.refuse(mm, node, f"a matmul operand that is {why}: a pointwise prologue kernel stores it first")
+                gather = e if e is not None and index_map(e) else None
+                self.refuse(mm, node, f"a matmul operand that is {why}: a pointwise prologue kernel stores it first"
+                            + ("; an index map a backend may read inside the GEMM" if gather is not None else ""))
                 self.pointwise([node])
         raise UnsupportedError(f"matmul operand {node.name} could not be laid out")  # pragma: no cover
 
@@ -118,10 +126,12 @@ class Planner(Regions):
         opb = self.operand(mm, b, batched)
         region = {id(mm)}
 
-        def place(node: Node) -> str | None:  # the epilogue: pointwise, of the output's shape
+        def place(node: Node) -> str | None:  # the epilogue: pointwise over the output, or a reshape / permute of it
+            if node.op in ("view", "permute"):
+                return None
             if node.op not in POINTWISE:
                 return f"a {node.op} of the GEMM's output: a kernel of its own"
-            if not same_shape(node.shape, mm.shape):
+            if not sizes_equal(numel(node.shape), numel(mm.shape)):
                 return f"{list(node.shape)} is not the GEMM's output shape {list(mm.shape)}"
             return None
 
@@ -129,6 +139,7 @@ class Planner(Regions):
         idx = loop_vars("e", mm.shape if batched else (1, *mm.shape))
         idx = idx if batched else idx[1:]
         expected = idx
+        at = self.epilogue_index(mm, region, idx)
 
         def claim(node: Node, at: tuple[E, ...]) -> E | None:
             if node is mm:
@@ -138,8 +149,8 @@ class Planner(Regions):
             return None
 
         members = [n for n in self.g.nodes if id(n) in region and n is not mm]
-        values = self.trial(mm, members, region, mm.shape, idx, claim)
-        stores = self.store_region(members, values, region, mm.shape, idx)
+        values = self.trial(mm, members, region, mm.shape, idx, claim, at)
+        stores = self.store_region(members, values, region, mm.shape, idx, at)
         self.done.add(id(mm))
         if self.outside_users(mm, region):
             stores.insert(0, Store(self.new_buffer(mm), linear(idx, mm.shape), E("acc", v="acc", dt="f32")))
@@ -147,6 +158,37 @@ class Planner(Regions):
         m, n = mm.shape[-2], mm.shape[-1]
         kdim = a.shape[-1]
         self.emit(GemmKernel, mm, batch, m, n, kdim, opa, opb, stores)
+
+    def epilogue_index(self, mm: Node, region: set[int], idx: tuple[E, ...]) -> dict[int, tuple[E, ...]]:
+        """Where the GEMM's element ``idx`` lands in each epilogue node: through a reshape or a
+        permute of the output (a conv's ``[N*L, CO]`` tile is ``[N, CO, *out]``), so the tail
+        is computed and stored in the tile's own pass. A node whose operands from the region
+        disagree (a broadcast, a transposed copy) leaves the region."""
+        at: dict[int, tuple[E, ...]] = {id(mm): idx}
+        for node in self.g.nodes:
+            if id(node) not in region or node is mm:
+                continue
+            inside = [t for t in node.tensors if id(t) in at]
+            if node.op == "view" and inside:
+                at[id(node)] = reshape_index(at[id(inside[0])], inside[0].shape, node.shape)
+            elif node.op == "permute" and inside:
+                src = at[id(inside[0])]
+                at[id(node)] = tuple(src[d] for d in node.attrs.dims)
+            else:
+                same = [at[id(t)] for t in inside if same_shape(t.shape, node.shape)]
+                if same and all(s == same[0] for s in same) and len(same) == len(inside):
+                    at[id(node)] = same[0]
+                elif same_shape(node.shape, mm.shape) and not inside:
+                    at[id(node)] = idx
+                else:
+                    region.discard(id(node))
+                    self.refuse(mm, node, "its operands from the GEMM's tile sit at different indices")
+        return at
+
+
+def numel(shape: tuple[Any, ...]) -> Any:
+    return sympy.Mul(*shape) if shape else sympy.Integer(1)
+
 
 def plan_graph(graph: Graph) -> Program:
     return Planner(graph).plan()

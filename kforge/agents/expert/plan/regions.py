@@ -107,21 +107,26 @@ class Regions:
         return joined
 
     def trial(self, root: Node, nodes: list[Node], region: set[int], space: tuple[Any, ...],
-              idx: tuple[E, ...], claim: Claim) -> dict[int, E]:
-        """Each region node's value in the kernel; one that needs a claim at another index
-        leaves the region (so whatever it reads is stored for the kernel that computes it)."""
+              idx: tuple[E, ...], claim: Claim, at: dict[int, tuple[E, ...]] | None = None) -> dict[int, E]:
+        """Each region node's value in the kernel (at ``at[id(node)]``, else the kernel's index
+        reshaped to the node); one that needs a claim at another index leaves the region (so
+        whatever it reads is stored for the kernel that computes it)."""
         values: dict[int, E] = {}
         for node in nodes:
+            where = at.get(id(node)) if at is not None else None
             try:
-                values[id(node)] = Lowerer(dict(self.buffers), claim).value(node, reshape_index(idx, space, node.shape))
+                where = where if where is not None else reshape_index(idx, space, node.shape)
+                values[id(node)] = Lowerer(dict(self.buffers), claim).value(node, where)
             except NotFusable as err:
                 region.discard(id(node))
                 self.refuse(root, node, str(err))
         return values
 
     def store_region(self, nodes: list[Node], values: dict[int, E], region: set[int],
-                     space: tuple[Any, ...], idx: tuple[E, ...]) -> list[Store]:
-        """Stores of the region nodes that something outside the region reads."""
+                     space: tuple[Any, ...], idx: tuple[E, ...],
+                     at: dict[int, tuple[E, ...]] | None = None) -> list[Store]:
+        """Stores of the region nodes that something outside the region reads (each at its
+        own index ``at[id(node)]`` in its own shape where given)."""
         stores: list[Store] = []
         for node in nodes:
             if id(node) not in values:
@@ -129,5 +134,7 @@ class Regions:
             self.done.add(id(node))
             if self.outside_users(node, region):
                 name = self.new_buffer(node)
-                stores.append(Store(name, linear(idx, space), values[id(node)]))
+                where = at.get(id(node)) if at is not None else None
+                index = linear(where, node.shape) if where is not None else linear(idx, space)
+                stores.append(Store(name, index, values[id(node)]))
         return stores

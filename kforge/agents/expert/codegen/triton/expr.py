@@ -30,9 +30,10 @@ class TritonEmitter:
     """Emits ``tN = ...`` lines; ``names`` maps vars / sizes / accs to code names."""
 
     def __init__(self, resolve: Callable[[E], str | None], mask: str, indent: str = "    ",
-                 prefix: str = "t") -> None:
+                 prefix: str = "t", scalars: frozenset[str] = frozenset()) -> None:
         self.resolve = resolve
         self.mask = mask
+        self.scalars = scalars  # loop variables that are one number a program (a GEMM's batch index)
         self.indent = indent
         # names unique per section: Triton rejects a name that a loop gives another shape
         self.prefix = prefix
@@ -62,7 +63,7 @@ class TritonEmitter:
         """An offset that is a block even when it depends on no loop variable (a scalar
         offset with a block mask is an error in Triton)."""
         code = self(e)
-        if any(x.op == "var" for x in e.walk()):
+        if any(x.op == "var" and x.v[0] not in self.scalars for x in e.walk()):
             return code
         return f"({code}) + tl.zeros_like({self.mask}).to(tl.int64)"
 

@@ -53,6 +53,7 @@ from kforge.agents.expert.codegen.triton.args import Args, resolver
 from kforge.agents.expert.codegen.triton.expr import TritonEmitter
 from kforge.agents.expert.codegen.triton.tiles import b_in_registers
 from kforge.agents.expert.plan.expr import as_size
+from kforge.agents.expert.plan.gather import invariant_parts
 from kforge.agents.expert.plan.kernels import GemmKernel
 from kforge.agents.expert.plan.knobs import TritonGemm
 from kforge.agents.expert.plan.precision import FP16_LO_SCALE, STEPS, Step
@@ -71,28 +72,29 @@ def _half_dot(x: str, y: str, swap: bool = False, acc: str = "acc") -> list[str]
             f"    {acc} = tl.dot({x}, {y}, {acc})"]
 
 
-def loop_body(step: Step, precast: bool = False, b_regs: bool = False) -> list[str]:
-    """The K loop's products; with ``precast`` the tiles arrive as bf16 hi (and lo) already.
-    ``b_regs``: A arrives precast, B as fp32, rounded [and split] in registers, and the tile is
-    computed transposed (B's tile is ``tl.dot``'s first operand, which wgmma reads from
-    registers), so B never takes a separate pass through memory."""
+def loop_body(step: Step, a_ready: bool = False, b_ready: bool = False, swap: bool = False) -> list[str]:
+    """The K loop's products. ``a_ready`` / ``b_ready``: the tile arrives precast (16-bit hi
+    [and lo]), else as fp32, rounded [and split] here in registers. ``swap``: the tile is computed
+    transposed (B's tile is ``tl.dot``'s first operand, which wgmma reads from registers): the
+    ``b_regs`` path, where B never takes a separate pass through memory; a gathered A (an
+    implicit GEMM) is rounded in registers as the first operand without it."""
     if step.parts is None:
         return [f"acc = tl.dot(a, b, acc, input_precision={step.name!r})"]
     split_a, split_b = step.split
     half = half_type(step)
     # fp16 splits: lo scaled by 2^11 into an accumulator of its own (``Step.scaled_lo``)
     lo_acc, up = ("acc_lo", f" * {FP16_LO_SCALE}.0") if step.scaled_lo else ("acc", "")
-    lines = [] if precast else [f"a_hi = a.to({half})"]
-    lines += [f"b_hi = b.to({half})"] if b_regs or not precast else []
-    if split_a and not precast:
+    lines = [] if a_ready else [f"a_hi = a.to({half})"]
+    lines += [] if b_ready else [f"b_hi = b.to({half})"]
+    if split_a and not a_ready:
         lines.append(f"a_lo = ((a - a_hi.to(tl.float32)){up}).to({half})")
-    if split_b and (b_regs or not precast):
+    if split_b and not b_ready:
         lines.append(f"b_lo = ((b - b_hi.to(tl.float32)){up}).to({half})")
     if split_b:
-        lines += _half_dot("a_hi", "b_lo", b_regs, lo_acc)
+        lines += _half_dot("a_hi", "b_lo", swap, lo_acc)
     if split_a:
-        lines += _half_dot("a_lo", "b_hi", b_regs, lo_acc)
-    return lines + _half_dot("a_hi", "b_hi", b_regs)
+        lines += _half_dot("a_lo", "b_hi", swap, lo_acc)
+    return lines + _half_dot("a_hi", "b_hi", swap)
 
 
 PRECAST_HELPER = '''
@@ -167,10 +169,13 @@ def uses_precast(knobs: list[TritonGemm]) -> bool:
 def gemm_kernel(k: GemmKernel, knobs: TritonGemm) -> tuple[str, list[str]]:
     step = STEPS[knobs.precision]
     precast = bool(knobs.precast)
-    b_regs = b_in_registers(knobs)
+    gather = bool(knobs.gather) and k.a.gather is not None  # A through its index map (an implicit GEMM)
+    b_regs = b_in_registers(knobs) and not gather
     tma = b_regs and bool(knobs.tma)
     args = Args()
-    if not precast:
+    if gather:
+        args.collect(k.a.gather)  # type: ignore[arg-type]
+    elif not precast:
         args.buffer(k.a.buffer)
     if not precast or b_regs:
         args.buffer(k.b.buffer)
@@ -186,7 +191,12 @@ def gemm_kernel(k: GemmKernel, knobs: TritonGemm) -> tuple[str, list[str]]:
         return str(e.v) if e.op == "const" else f"({py_expr(as_size(e))})"
 
     split_a, split_b = step.split
-    if b_regs:
+    halves = {"b": ["b_hi"] + (["b_lo"] if split_b else [])} if step.parts is not None else {"b": ["b"]}
+    if gather:  # A evaluated per tile; B precast (hi [lo], or a K-major fp32 copy) or read as it is
+        operands = "pb_hi, pb_lo, sb0, sb1, sb2, ob, " if precast else ""
+        sa, sb = ["0", "0", "0"], (["sb0", "sb1", "sb2"] if precast else [stride(e) for e in k.b.strides])
+        loads = {"a": [], "b": halves["b"] if precast else ["b"]}
+    elif b_regs:
         operands = "pa_hi, pa_lo, sa0, sa1, sa2, oa, " + ("a_desc, alo_desc, b_desc, " if tma else "")
         sa, sb = ["sa0", "sa1", "sa2"], [stride(e) for e in k.b.strides]
         loads = {"a": ["a_hi"] + (["a_lo"] if split_a else []), "b": ["b"]}
@@ -202,9 +212,12 @@ def gemm_kernel(k: GemmKernel, knobs: TritonGemm) -> tuple[str, list[str]]:
         sa = [stride(e) for e in k.a.strides]
         sb = [stride(e) for e in k.b.strides]
         loads = {"a": ["a"], "b": ["b"]}
-    emit = TritonEmitter(resolver(args, {"e0": "bb", "e1": "rm2", "e2": "rn2"}, {"acc": "acc"}), "out_mask")
+    emit = TritonEmitter(resolver(args, {"e0": "bb", "e1": "rm2", "e2": "rn2"}, {"acc": "acc"}), "out_mask",
+                         scalars=frozenset({"e0"}))
     stores = [f"    tl.store({st.buffer} + {emit.index(st.index)}, {emit(st.value)}, mask=out_mask)" for st in k.stores]
-    body = "\n".join("        " + line for line in loop_body(step, precast and step.parts is not None, b_regs))
+    ready = precast and step.parts is not None
+    body = "\n".join("        " + line for line in loop_body(step, a_ready=ready and not gather,
+                                                              b_ready=ready and not b_regs, swap=b_regs))
     M, N, K = sizes["M"], sizes["N"], sizes["K"]
     # b_regs: tiles and accumulator transposed ([BLOCK_K, BLOCK_M] of A, [BLOCK_N, BLOCK_K] of B)
     a_k, b_k = ("rk[:, None]", "rk[None, :]") if b_regs else ("rk[None, :]", "rk[:, None]")
@@ -226,10 +239,25 @@ def gemm_kernel(k: GemmKernel, knobs: TritonGemm) -> tuple[str, list[str]]:
             out.append(f"            {name} = tl.load({ptr}{mask})")
         return "\n".join(out).replace("K_LEFT", f"{K} - k0")
 
-    a_rel = f"(bb * {sa[0]} + " + ("oa" if precast else stride(k.a.offset)) + ")"
+    a_rel = "" if gather else f"(bb * {sa[0]} + " + ("oa" if precast else stride(k.a.offset)) + ")"
     b_rel = f"(bb * {sb[0]} + " + ("ob" if precast and not b_regs else stride(k.b.offset)) + ")"
     a_rows, b_cols = f"(rm % {M}).to(tl.int64)", f"(rn % {N}).to(tl.int64)"
-    if b_regs:
+    gather_lines = ""
+    if gather:
+        names = {"g0": "bb", "g1": "ga_m", "g2": "ga_k"}
+        hoist = TritonEmitter(resolver(args, names, {}), "a_mask", indent="    ", prefix="gh", scalars=frozenset({"g0"}))
+        for part in invariant_parts(k.a.gather, "g2"):  # type: ignore[arg-type]
+            hoist(part)  # once per tile: the output position's divisions
+        inner = TritonEmitter(resolver(args, names, {}), "a_mask", indent="        ", prefix="ga",
+                              scalars=frozenset({"g0"}))
+        inner.cache.update(hoist.cache)
+        a_code = inner(k.a.gather)  # type: ignore[arg-type]
+        offsets = (f"    ga_m = {a_rows}[:, None]\n" + "\n".join(hoist.lines) + "\n"
+                   f"    b_off = {b_rel} + rk[:, None] * {sb[1]} + {b_cols}[None, :] * {sb[2]}\n"
+                   "    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
+        gather_lines = "\n".join(["        ga_k = (k0 + rk).to(tl.int64)[None, :]",
+                                   f"        a_mask = ga_k < {K}", *inner.lines, f"        a = {a_code}"]) + "\n"
+    elif b_regs:
         offsets = (f"    a_off = {a_rel} + {a_rows}[None, :] * {sa[1]} + rk[:, None] * {sa[2]}\n"
                    f"    b_off = {b_rel} + rk[None, :] * {sb[1]} + {b_cols}[:, None] * {sb[2]}\n"
                    "    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)")
@@ -259,13 +287,12 @@ def {k.name}({operands}{args.params()},
     rk = tl.arange(0, BLOCK_K)
 {offsets}
     for k0 in range(0, {K}, BLOCK_K):
-{"        if TMA:" + chr(10) + tma_lines() + chr(10) + "        elif EVEN_K:" if tma else "        if EVEN_K:"}
+{gather_lines}{"        if TMA:" + chr(10) + tma_lines() + chr(10) + "        elif EVEN_K:" if tma else "        if EVEN_K:"}
 {load_lines(False)}
         else:
 {load_lines(True)}
 {body}
-        a_off += BLOCK_K * {sa[2]}
-        b_off += BLOCK_K * {sb[1]}
+{"" if gather else f"        a_off += BLOCK_K * {sa[2]}{chr(10)}"}        b_off += BLOCK_K * {sb[1]}
 {untranspose}    rm2 = rm.to(tl.int64)[:, None]
     rn2 = rn.to(tl.int64)[None, :]
     out_mask = (rm2 < {M}) & (rn2 < {N})
@@ -281,7 +308,7 @@ def {k.name}({operands}{args.params()},
         bf16 = step.parts is not None
         fp16 = ", fp16=True" if step.parts == "fp16" else ""
         ops = (("a", k.a, k.m, k.k, split_a, 2), ("b", k.b, k.k, k.n, split_b, 1))
-        for op, name, rows, cols, split, k_dim in ops[:1] if b_regs else ops:
+        for op, name, rows, cols, split, k_dim in ops[:1] if b_regs else (ops[1:] if gather else ops):
             st = ", ".join(py_stride(e) for e in name.strides)
             mode = (2 if split else 1) if bf16 else 0
             launch.append(f"_p{op}_hi, _p{op}_lo, _s{op}, _o{op} = _kf_precast({name.buffer}, {py_stride(name.offset)}, ({st}), "
@@ -298,7 +325,12 @@ def {k.name}({operands}{args.params()},
                        "_tma = _ta is not None and _tl is not None and _tb is not None",
                        "if not _tma:",
                        "    _ta = _tl = _tb = None"]
-        call_operands = ("_pa_hi, _pa_lo, *_sa, _oa, " + ("_ta, _tl, _tb, " if tma else "")) if b_regs else "_pa_hi, _pa_lo, _pb_hi, _pb_lo, *_sa, *_sb, _oa, _ob, "
+        if gather:
+            call_operands = "_pb_hi, _pb_lo, *_sb, _ob, "
+        elif b_regs:
+            call_operands = "_pa_hi, _pa_lo, *_sa, _oa, " + ("_ta, _tl, _tb, " if tma else "")
+        else:
+            call_operands = "_pa_hi, _pa_lo, _pb_hi, _pb_lo, *_sa, *_sb, _oa, _ob, "
     launch.append(f"{k.name}[{grid}]({call_operands}{args.launch_args()}, BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, "
                   f"GROUP_M={knobs.GROUP_M}, EVEN_K={even}, INTERPRETED=_INTERPRETED, " + ("TMA=_tma, " if tma else "") +
                   f"num_warps={knobs.num_warps}, num_stages={knobs.num_stages})")

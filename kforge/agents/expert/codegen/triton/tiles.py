@@ -60,11 +60,23 @@ def at_step(knobs: TritonGemm, step: Step, m: int, n: int) -> TritonGemm:
     """``knobs`` moved to ``step`` with that step's tiles (a new step is a new kernel)."""
     t = STEP_TILES[step.name]
     out = dataclasses.replace(knobs, precision=step.name, BLOCK_M=t.BLOCK_M, BLOCK_N=t.BLOCK_N, BLOCK_K=t.BLOCK_K,
-                              num_warps=t.num_warps, num_stages=t.num_stages, precast=1, b_regs=t.b_regs,
-                              tma=t.b_regs)
-    if m <= 64 or n <= 64:  # skinny: smaller tiles keep more programs busy
+                              num_warps=t.num_warps, num_stages=t.num_stages, precast=1,
+                              b_regs=0 if knobs.gather else t.b_regs, tma=0 if knobs.gather else t.b_regs)
+    if knobs.gather:  # an implicit GEMM (a conv): tall M, N = the output channels
+        out = dataclasses.replace(out, **gather_tile(m, n))
+    elif m <= 64 or n <= 64:  # skinny: smaller tiles keep more programs busy
         out = dataclasses.replace(out, BLOCK_M=64 if m > 64 else 32, BLOCK_N=64 if n > 64 else 32, num_warps=4)
     return fit_shared_memory(fit_registers(out))
+
+
+def gather_tile(m: int, n: int) -> dict[str, int]:
+    """An implicit GEMM's tile: every gathered A element is loaded once per BLOCK_N columns, so
+    BLOCK_N spans the output channels (up to 128); 128 rows, a K step of 32 (the fp32 A tile is
+    staged in shared memory and rounded in registers)."""
+    bn = min(max(1 << max(0, (n - 1).bit_length()), 16), 128)
+    bm = 128 if m > 64 else 64
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 32, "num_warps": 8 if bm * bn >= 128 * 128 else 4,
+            "num_stages": 3}
 
 
 def default_gemm(policy: str, m: int, n: int) -> TritonGemm:
@@ -77,8 +89,11 @@ def default_gemm(policy: str, m: int, n: int) -> TritonGemm:
 
 
 def check(knobs: TritonGemm, policy: str) -> TritonGemm:
-    """``knobs`` under the policy, fitted to registers and shared memory (PlanError otherwise)."""
+    """``knobs`` under the policy, fitted to registers and shared memory (PlanError otherwise).
+    A gathered A (``gather``) is rounded in registers itself, so B is precast, not ``b_regs``."""
     check_allowed(knobs.precision, policy, TRITON_STEPS)
+    if knobs.gather and (knobs.b_regs or knobs.tma):
+        knobs = dataclasses.replace(knobs, b_regs=0, tma=0)
     return fit_shared_memory(fit_registers(knobs))
 
 
@@ -111,7 +126,7 @@ def operand_bytes(knobs: TritonGemm) -> tuple[int, int]:
     s = STEPS[knobs.precision]
     if s.parts is not None and knobs.precast:
         split_a, split_b = s.split
-        return (4 if split_a else 2), (4 if split_b or knobs.b_regs else 2)
+        return (4 if split_a or knobs.gather else 2), (4 if split_b or knobs.b_regs else 2)
     return 4, 4
 
 
