@@ -252,10 +252,14 @@ def gemm_kernel(k: GemmKernel, knobs: TritonGemm) -> tuple[str, list[str]]:
                               scalars=frozenset({"g0"}))
         inner.cache.update(hoist.cache)
         a_code = inner(k.a.gather)  # type: ignore[arg-type]
-        offsets = (f"    ga_m = {a_rows}[:, None]\n" + "\n".join(hoist.lines) + "\n"
+        # the map's index arithmetic in int32 where every buffer it reads has < 2^31 elements
+        # (IDX64 from the launch): int64 ops are two to three int32 instructions on the GPU
+        offsets = (f"    ga_m = (rm % {M})[:, None]\n    if IDX64:\n        ga_m = ga_m.to(tl.int64)\n"
+                   + "\n".join(hoist.lines) + "\n"
                    f"    b_off = {b_rel} + rk[:, None] * {sb[1]} + {b_cols}[None, :] * {sb[2]}\n"
                    "    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
-        gather_lines = "\n".join(["        ga_k = (k0 + rk).to(tl.int64)[None, :]",
+        gather_lines = "\n".join(["        ga_k = (k0 + rk)[None, :]",
+                                   "        if IDX64:", "            ga_k = ga_k.to(tl.int64)",
                                    f"        a_mask = ga_k < {K}", *inner.lines, f"        a = {a_code}"]) + "\n"
     elif b_regs:
         offsets = (f"    a_off = {a_rel} + {a_rows}[None, :] * {sa[1]} + rk[:, None] * {sa[2]}\n"
@@ -272,7 +276,7 @@ def gemm_kernel(k: GemmKernel, knobs: TritonGemm) -> tuple[str, list[str]]:
     src = f"""@triton.jit
 def {k.name}({operands}{args.params()},
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, INTERPRETED: tl.constexpr{", TMA: tl.constexpr" if tma else ""}):
+        GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, INTERPRETED: tl.constexpr{", TMA: tl.constexpr" if tma else ""}{", IDX64: tl.constexpr" if gather else ""}):
     pid = tl.program_id(0)
     bb = tl.program_id(1).to(tl.int64)
     num_m = tl.cdiv({M}, BLOCK_M)
@@ -304,6 +308,8 @@ def {k.name}({operands}{args.params()},
     even = f"({py_expr(k.k)}) % {bk} == 0" if not sympy.sympify(k.k).is_Integer else str(int(k.k) % bk == 0)
     launch: list[str] = []
     call_operands = ""
+    gathered = sorted({e.v for e in k.a.gather.walk() if e.op == "load"}) if gather else []  # type: ignore[union-attr]
+    idx64 = f"max({', '.join(f'{b}.numel()' for b in gathered)}, 0) >= 2**31"
     if precast:
         bf16 = step.parts is not None
         fp16 = ", fp16=True" if step.parts == "fp16" else ""
@@ -333,5 +339,6 @@ def {k.name}({operands}{args.params()},
             call_operands = "_pa_hi, _pa_lo, _pb_hi, _pb_lo, *_sa, *_sb, _oa, _ob, "
     launch.append(f"{k.name}[{grid}]({call_operands}{args.launch_args()}, BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, "
                   f"GROUP_M={knobs.GROUP_M}, EVEN_K={even}, INTERPRETED=_INTERPRETED, " + ("TMA=_tma, " if tma else "") +
+                  (f"IDX64={idx64}, " if gather else "") +
                   f"num_warps={knobs.num_warps}, num_stages={knobs.num_stages})")
     return src, launch
