@@ -186,6 +186,38 @@ def test_softmax_computes_each_exponential_once() -> None:
     assert re.search(rf"const float t\d+ = {kept.group(1)}\[t\d+\];", rest), rest  # read back by the store
     assert " / " not in rest.replace("(1.0f / ", "")
 
+def test_a_row_whose_output_is_read_or_not_f32_keeps_its_scratch_row() -> None:
+    """The output row holds the kept exponentials only when nothing in the kernel reads that
+    buffer (an output aliasing its input would lose elements before their last read) and it
+    is f32; otherwise the per-thread scratch row ``kf_rc0`` keeps them."""
+    import dataclasses
+
+    from kforge.agents.expert.plan.kernels import RowKernel
+
+    src = _ci_source(ROOT / "starter/softmax_rows.py")
+
+    def kernel_of(edit: Any) -> str:
+        program = plan_problem(src)
+        (row,) = [k for k in program.kernels if isinstance(k, RowKernel)]
+        edit(program, row)
+        cpp = cpu_runtime.extract_cpp_source(render_default(program, "cpu", "strict", src))
+        return cpp[cpp.index('extern "C"'):]
+
+    assert "kf_rc" not in kernel_of(lambda p, k: None)
+
+    def aliased(program: Any, row: RowKernel) -> None:  # the store writes the buffer the passes read
+        (name,) = [n for n in program.placeholders if program.buffers[n].kind == "input"]
+        row.full_stores[0] = dataclasses.replace(row.full_stores[0], buffer=name)
+
+    def not_f32(program: Any, row: RowKernel) -> None:
+        out = row.full_stores[0].buffer
+        program.buffers[out] = dataclasses.replace(program.buffers[out], dtype="i32")
+
+    for edit in (aliased, not_f32):
+        kernel = kernel_of(edit)
+        assert "kf_rc0" in kernel and kernel.count("kf_exp(") == 1, (edit.__name__, kernel)
+
+
 def test_shape_guard_refuses_a_size_the_program_fixed() -> None:
     """A buffer dim the program holds as a constant is checked before any kernel runs: a
     tensor of another shape is a clear error, never a kernel reading past a buffer."""

@@ -281,10 +281,14 @@ class CKernel:
     def prod(self, dims: list[str]) -> str:
         return " * ".join(dims) if dims else "((int64_t)1)"
 
+    def slot(self, s: Store, scope: Scope) -> str:
+        """The element a store writes (``ptr[index]``): also a place to keep a value in."""
+        return f"{self.em.ptr(s.buffer)}[{self.em.expr(s.index, scope)}]"
+
     def store(self, s: Store, scope: Scope) -> str:
-        idx = self.em.expr(s.index, scope)
+        slot = self.slot(s, scope)
         val = self.em.expr(s.value, scope)
-        return f"{self.em.ptr(s.buffer)}[{idx}] = ({CTYPES[self.p.buffers[s.buffer].dtype]}){val};"
+        return f"{slot} = ({CTYPES[self.p.buffers[s.buffer].dtype]}){val};"
 
     @staticmethod
     def decode(q: str, names: list[str], dims: list[str]) -> list[str]:

@@ -251,9 +251,6 @@ class KernelRender(CKernel):
             return None
         return s
 
-    def slot(self, s: Store, scope: Scope) -> str:
-        return f"{self.em.ptr(s.buffer)}[{self.em.expr(s.index, scope)}]"
-
     def row_cache(self, k: RowKernel) -> list[E]:
         """The values the full stores recompute from the last pass that cost a transcendental
         an element (softmax's ``exp(x - max)``): the last pass keeps them in a row of scratch
