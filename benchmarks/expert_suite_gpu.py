@@ -66,6 +66,18 @@ def gemm_problems(folder: Path) -> list[Path]:
     return out
 
 
+def gemm_flops(program: object) -> float:
+    """The program's GEMM work at the traced (the file's own) sizes: 2 * batch * M * N * K summed."""
+    from kforge.agents.expert.plan.kernels import GemmKernel
+
+    total = 0.0
+    for k in program.kernels:  # type: ignore[attr-defined]
+        if isinstance(k, GemmKernel):
+            batch = program.hint(k.batch) if k.batch is not None else 1  # type: ignore[attr-defined]
+            total += 2.0 * batch * program.hint(k.m) * program.hint(k.n) * program.hint(k.k)  # type: ignore[attr-defined]
+    return total
+
+
 def generate(folder: Path, to: Path) -> None:
     from kforge.agents.expert.codegen.backend import get_backend
     from kforge.agents.expert.errors import UnsupportedError
@@ -73,7 +85,7 @@ def generate(folder: Path, to: Path) -> None:
     from kforge.agents.expert.plan.rounds import set_precision
 
     triton = get_backend("triton")
-
+    flops: dict[str, float] = {}
     for path in gemm_problems(folder):
         source = path.read_text()
         try:
@@ -92,6 +104,8 @@ def generate(folder: Path, to: Path) -> None:
                     knobs = set_precision(triton, program, knobs, name, step)
                 code = triton.render(program, triton.fit(program, knobs, policy), policy, source)
                 (to / policy / f"{path.stem}.{step}.py").write_text(code)
+        flops[path.stem] = gemm_flops(program)
+        (to / "flops.json").write_text(json.dumps(flops, indent=1, sort_keys=True))
         print(f"{path.stem}: {program.summary()}")
 
 
@@ -214,10 +228,15 @@ def run(folder: Path, cands: Path, out: Path, deadline: float) -> None:
         print(json.dumps(row), flush=True)
 
 
-def table(path: Path) -> str:
+def table(path: Path, cands: Path | None = None) -> str:
+    """The markdown table; with ``cands`` (its ``flops.json``, written by ``generate``) the GEMM
+    work's achieved rate under each baseline and policy (TFLOP/s at the file's sizes)."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    head = ("| problem | eager ms | compile ms | strict ms | x best | step | margin | relaxed ms | x best | step | margin |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|")
+    flops = json.loads((cands / "flops.json").read_text()) if cands and (cands / "flops.json").is_file() else {}
+    rate = bool(flops)
+    head = ("| problem | eager ms | compile ms | strict ms | x best | step | margin | relaxed ms | x best | step | margin |"
+            + (" GFLOP | TFLOP/s best baseline, strict, relaxed |" if rate else "") + "\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if rate else ""))
     lines = [head]
     logs = {p: [] for p in POLICIES}
     shipped = {p: [] for p in POLICIES}
@@ -235,6 +254,12 @@ def table(path: Path) -> str:
                 cells += [e.get("status", "error"), "-", e.get("step", "-"), f"{e['margin']:.2g}" if "margin" in e else "-"]
                 value = 1.0
             logs[p].append(math.log(value))
+        if rate:
+            f = flops.get(r["problem"], 0.0)
+            times = [min(r.get("eager_ms", math.inf), r.get("compile_ms", math.inf))]
+            times += [r.get(p, {}).get("ms", math.inf) if r.get(p, {}).get("status") == "verified" else math.inf
+                      for p in POLICIES]
+            cells += [f"{f / 1e9:.1f}", ", ".join(f"{f / t / 1e9:.0f}" if math.isfinite(t) and f else "-" for t in times)]
         lines.append("| " + " | ".join(cells) + " |")
     n = len(rows)
     summary = []
@@ -269,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     elif a.step == "one":
         print(json.dumps(run_one(a.path, a.cands)), flush=True)
     else:
-        print(table(a.path))
+        print(table(a.path, a.cands))
     return 0
 
 
