@@ -13,6 +13,7 @@ candidate cannot patch it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -34,7 +35,11 @@ from kforge.verifier.sandbox_view import foreign_libraries
 
 MODEL_SEED = 42
 Compare = Literal["auto", "host", "device"]
-REFERENCE_CACHE_VERSION = "4"  # 2: TF32 off; 3: float64 outputs of stress cases; 4: repeat answers
+REFERENCE_CACHE_VERSION = "5"  # 2: TF32 off; 3: float64 outputs of stress cases; 4: repeat answers; 5: binary blobs
+# What the reference may send back: its outputs for every case and repeat call (a 126 MB
+# ConvTranspose3d output x 22 calls is 2.8 GB). The candidate's cap is then sized from what the
+# reference sent (:func:`candidate_limits`), so a large problem fits and a flood still stops.
+REFERENCE_RESULT_BYTES = 12 * 1024**3
 
 
 @functools.cache
@@ -89,6 +94,38 @@ def reference_cache_dir() -> Path:
     return Path(os.environ.get("KFORGE_REFERENCE_CACHE", default))
 
 
+def write_frames(path: Path, frames: list[Frame]) -> None:
+    """Frames as one JSON line (each header and its blobs' lengths), then the blobs' raw bytes."""
+    index = [{"header": f.header, "sizes": [len(b) for b in f.blobs]} for f in frames]
+    with path.open("wb") as fh:
+        fh.write(json.dumps(index).encode() + b"\n")
+        for f in frames:
+            for b in f.blobs:
+                fh.write(b)
+
+
+def read_frames(path: Path) -> list[Frame]:
+    """What :func:`write_frames` wrote; ValueError for a file cut short or with bytes left over."""
+    with path.open("rb") as fh:
+        index = json.loads(fh.readline())
+        frames = []
+        for entry in index:
+            blobs = [fh.read(n) for n in entry["sizes"]]
+            if any(len(b) != n for b, n in zip(blobs, entry["sizes"], strict=True)):
+                raise ValueError(f"{path.name}: cut short")
+            frames.append(Frame(entry["header"], blobs))
+        if fh.read(1):
+            raise ValueError(f"{path.name}: bytes after the last blob")
+    return frames
+
+
+def candidate_limits(limits: Limits, reference: JobOutcome) -> Limits:
+    """The candidate's limits with room for the results the reference sent (twice them, plus
+    64 MB for headers), never less than the default cap."""
+    sent = sum(len(b) for f in reference.frames for b in f.blobs)
+    return dataclasses.replace(limits, result_bytes=max(limits.result_bytes, 2 * sent + 64 * 1024**2))
+
+
 def _reference(job: dict[str, Any], *, scratch: Path | None, env: dict[str, str], limits: Limits,
                gpu: bool, ro_paths: list[Path], fresh: bool = False) -> JobOutcome:
     """The reference run, cached by everything it depends on (frames stored, nonce-free);
@@ -97,20 +134,17 @@ def _reference(job: dict[str, Any], *, scratch: Path | None, env: dict[str, str]
     key = hashlib.sha256(json.dumps(
         [REFERENCE_CACHE_VERSION, _reference_code_digest(), hashlib.sha256(problem_source).hexdigest(), job, sys.version,
          sys.executable, sorted(env.items())], sort_keys=True, default=str).encode()).hexdigest()
-    path = reference_cache_dir() / f"{key}.json"
+    path = reference_cache_dir() / f"{key}.frames"
     if path.is_file() and not fresh:
         try:
-            data = json.loads(path.read_text())
-            frames = [Frame(f["header"], [bytes.fromhex(b) for b in f["blobs"]]) for f in data]
-            return JobOutcome(frames, None, "", "cache", 0.0)
-        except (ValueError, KeyError, TypeError):
+            return JobOutcome(read_frames(path), None, "", "cache", 0.0)
+        except (ValueError, KeyError, TypeError, OSError):
             path.unlink(missing_ok=True)
     outcome = run_job(job, scratch_root=scratch, env_extra=env, limits=limits, gpu=gpu, ro_paths=ro_paths)
     if outcome.reason is None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps([{"header": f.header, "blobs": [b.hex() for b in f.blobs]}
-                                   for f in outcome.frames]))
+        write_frames(tmp, outcome.frames)
         os.replace(tmp, path)
     return outcome
 
@@ -196,7 +230,8 @@ def run_verification(
         if on_device:
             ref_job.update(device_compare=True, draw_on_device=True)
         ro = [*sandbox_inputs(plat, source, build), problem_path.parent]
-        ref = _reference(ref_job, scratch=scratch, env=env, limits=Limits(timeout_s=max(timeout_s, 300), memory_mb=None), gpu=gpu,
+        ref_limits = Limits(timeout_s=max(timeout_s, 300), memory_mb=None, result_bytes=REFERENCE_RESULT_BYTES)
+        ref = _reference(ref_job, scratch=scratch, env=env, limits=ref_limits, gpu=gpu,
                          ro_paths=ro, fresh=fresh)
         extra: dict[str, Any] = {"sandbox": ref.mode if ref.mode != "cache" else "", "device": device,
                                  "interpreted": bool(info.interpreted), "compared_on": "device" if on_device else "host",
@@ -219,7 +254,7 @@ def run_verification(
             from kforge.verifier.gpu_compare import JudgeLink
 
             link = JudgeLink()
-        out = run_job(cand_job, scratch_root=scratch, env_extra=env, limits=limits, gpu=gpu,
+        out = run_job(cand_job, scratch_root=scratch, env_extra=env, limits=candidate_limits(limits, ref), gpu=gpu,
                       candidate_source=source, ro_paths=ro, companion=link, hide=hidden)
         extra["sandbox"] = out.mode
         extra["phase_s"]["candidate"] = round(out.seconds, 3)

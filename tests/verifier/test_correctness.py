@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import types
+from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from kforge.verifier.correctness import compare
@@ -187,3 +189,37 @@ def get_init_inputs():
     assert clock.monotonic() - start < 30
     path.write_text("this is not python")
     assert degenerate_check(path)[0].startswith("unchecked: ")
+
+
+def test_reference_frames_round_trip_as_raw_bytes_and_a_cut_file_is_refused(tmp_path: Path) -> None:
+    """The reference cache keeps blobs as raw bytes (hex JSON doubled a GPU-scale output), and
+    a file cut short or with bytes left over is an error, never frames with a blob missing."""
+    from kforge.verifier.protocol import Frame
+    from kforge.verifier.verify import read_frames, write_frames
+
+    frames = [Frame({"kind": "case", "index": 0}, [bytes(range(256)) * 3, b""]), Frame({"kind": "done"}, [])]
+    path = tmp_path / "ref.frames"
+    write_frames(path, frames)
+    assert path.stat().st_size < 1000 and read_frames(path) == frames
+    data = path.read_bytes()
+    for broken in (data[:-1], data + b"x"):
+        path.write_bytes(broken)
+        with pytest.raises(ValueError):
+            read_frames(path)
+
+
+def test_the_candidates_result_cap_is_sized_from_what_the_reference_sent() -> None:
+    """A problem whose outputs over every case and repeat call pass the default cap (60's
+    ConvTranspose3d: 126 MB x 22 calls) gets room for them; a small one keeps the default."""
+    from kforge.verifier.protocol import Frame
+    from kforge.verifier.runner import JobOutcome
+    from kforge.verifier.sandbox import Limits
+    from kforge.verifier.verify import REFERENCE_RESULT_BYTES, candidate_limits
+
+    base = Limits()
+    small = JobOutcome([Frame({"kind": "case"}, [b"\0" * 1000])], None, "", "cache", 0.0)
+    assert candidate_limits(base, small) == base
+    big = JobOutcome([Frame({"kind": "case"}, [b"\0" * (1 << 20)])] * 1200, None, "", "cache", 0.0)
+    sized = candidate_limits(base, big)
+    assert sized.result_bytes >= 2 * 1200 * (1 << 20) > base.result_bytes
+    assert REFERENCE_RESULT_BYTES > base.result_bytes and sized.timeout_s == base.timeout_s
