@@ -3,7 +3,6 @@ static check catches it, the dynamic layer is tested too (``static=False``)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from kforge.schema import Profile, Timing
@@ -77,23 +76,23 @@ def test_5_a_stale_reference_digest_is_rerun_not_blamed_on_the_candidate(tmp_pat
     # seen once in CI, for a candidate that does not touch its inputs) is the harness's fault:
     # the verifier runs the reference again, uncached, and the honest candidate passes; the
     # first run's complaint, naming the input, stays in the detail.
-    from kforge.verifier.verify import reference_cache_dir
+    from kforge.verifier.verify import read_frames, reference_cache_dir, write_frames
 
     problem = tmp_path / "scale_tanh_own.py"  # a problem of its own: its cache entry is the newest
     problem.write_text(SCALE_TANH.read_text() + "\n# stale-digest test\n")
     assert verify(HONEST, problem).ok
-    entries = sorted(reference_cache_dir().glob("*.json"), key=lambda f: f.stat().st_mtime)
+    entries = sorted(reference_cache_dir().glob("*.frames"), key=lambda f: f.stat().st_mtime)
     assert entries
-    frames = json.loads(entries[-1].read_text())
-    stressed = next(f for f in frames if f["header"].get("dist") == "heavy")
-    stressed["header"]["digest"] = "0" * 64
-    stressed["header"]["input_digests"] = ["0" * 16]
-    entries[-1].write_text(json.dumps(frames))
+    frames = read_frames(entries[-1])
+    stressed = next(f for f in frames if f.header.get("dist") == "heavy")
+    stressed.header["digest"] = "0" * 64
+    stressed.header["input_digests"] = ["0" * 16]
+    write_frames(entries[-1], frames)
     v = verify(HONEST, problem)
     assert v.ok, v
     assert "not reproduced with an uncached reference" in v.detail and "input(s) 0" in v.detail, v.detail
     # the cache now holds the fresh frames again
-    assert json.loads(entries[-1].read_text()) != frames
+    assert read_frames(entries[-1]) != frames
 
 
 def test_5_returning_an_input_view_is_aliasing() -> None:
