@@ -24,12 +24,8 @@ pointwise kernel. Every consumer a kernel's region does not take is recorded wit
 
 from __future__ import annotations
 
-from typing import Any
-
-import sympy
-
 from kforge.agents.expert.errors import NotFusable, UnsupportedError
-from kforge.agents.expert.ir.graph import Graph, Node
+from kforge.agents.expert.ir.graph import Graph, Node, numel
 from kforge.agents.expert.ir.ops import POINTWISE
 from kforge.agents.expert.plan.expr import E, affine, linear, reshape_index, sizes_equal
 from kforge.agents.expert.plan.gather import index_map
@@ -184,10 +180,6 @@ class Planner(Regions):
                     region.discard(id(node))
                     self.refuse(mm, node, "its operands from the GEMM's tile sit at different indices")
         return at
-
-
-def numel(shape: tuple[Any, ...]) -> Any:
-    return sympy.Mul(*shape) if shape else sympy.Integer(1)
 
 
 def plan_graph(graph: Graph) -> Program:

@@ -191,11 +191,11 @@ def gemm_kernel(k: GemmKernel, knobs: TritonGemm) -> tuple[str, list[str]]:
         return str(e.v) if e.op == "const" else f"({py_expr(as_size(e))})"
 
     split_a, split_b = step.split
-    halves = {"b": ["b_hi"] + (["b_lo"] if split_b else [])} if step.parts is not None else {"b": ["b"]}
     if gather:  # A evaluated per tile; B precast (hi [lo], or a K-major fp32 copy) or read as it is
         operands = "pb_hi, pb_lo, sb0, sb1, sb2, ob, " if precast else ""
         sa, sb = ["0", "0", "0"], (["sb0", "sb1", "sb2"] if precast else [stride(e) for e in k.b.strides])
-        loads = {"a": [], "b": halves["b"] if precast else ["b"]}
+        b_tiles = ["b_hi"] + (["b_lo"] if split_b else []) if precast and step.parts is not None else ["b"]
+        loads = {"a": [], "b": b_tiles}
     elif b_regs:
         operands = "pa_hi, pa_lo, sa0, sa1, sa2, oa, " + ("a_desc, alo_desc, b_desc, " if tma else "")
         sa, sb = ["sa0", "sa1", "sa2"], [stride(e) for e in k.b.strides]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
+from kforge.agents.expert.codegen.triton.args import next_pow2
 from kforge.agents.expert.errors import PlanError
 from kforge.agents.expert.plan.knobs import TritonGemm
 from kforge.agents.expert.plan.precision import LADDER, STEPS, Step, check_allowed, first_step
@@ -73,7 +74,7 @@ def gather_tile(m: int, n: int) -> dict[str, int]:
     """An implicit GEMM's tile: every gathered A element is loaded once per BLOCK_N columns, so
     BLOCK_N spans the output channels (up to 128); 128 rows, a K step of 32 (the fp32 A tile is
     staged in shared memory and rounded in registers)."""
-    bn = min(max(1 << max(0, (n - 1).bit_length()), 16), 128)
+    bn = min(max(next_pow2(n), 16), 128)
     bm = 128 if m > 64 else 64
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 32, "num_warps": 8 if bm * bn >= 128 * 128 else 4,
             "num_stages": 3}
