@@ -168,6 +168,12 @@ class _Probe:
     param_elements: int
     flops: float
 
+    def eases(self, before: _Probe) -> bool:
+        """Smaller than ``before`` in a measure over its budget."""
+        return ((before.input_elements > CI_MAX_INPUT_ELEMENTS and self.input_elements < before.input_elements)
+                or (before.param_elements > CI_MAX_PARAM_ELEMENTS and self.param_elements < before.param_elements)
+                or (before.flops > CI_MAX_FLOPS and self.flops < before.flops))
+
     def within_budget(self) -> bool:
         return (
             self.input_elements <= CI_MAX_INPUT_ELEMENTS
@@ -233,5 +239,11 @@ def generic_shrink(module: types.ModuleType, sizes: dict[str, int]) -> dict[str,
             if result is None:
                 frozen.add(key)
                 continue
+        if not result.eases(probe):
+            # a halving that shrinks nothing over the budget (a net's spatial size when only its
+            # parameters are over: they are the architecture's) only makes the ci problem a
+            # degenerate one (ResNet18 at 14 x 14: BatchNorm over two values per channel)
+            frozen.add(key)
+            continue
         current, probe = trial, result
     return {key: value for key, value in current.items() if value != sizes[key]}

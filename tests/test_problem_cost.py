@@ -158,3 +158,38 @@ def test_generic_shrink_respects_budget_and_small_constants() -> None:
     assert flops <= CI_MAX_FLOPS
     assert shrunk.get_inputs()[0].numel() <= CI_MAX_INPUT_ELEMENTS
     assert problem.sizes() == original, "probing restores the module's sizes"
+
+
+def test_generic_shrink_leaves_a_size_that_eases_nothing_over_budget() -> None:
+    """A net whose parameters alone are over budget (they are its architecture's): halving its
+    input's side shrinks no measure over the budget, so the side stays (at 14 x 14 a ResNet's
+    BatchNorm saw two values per channel); the channel width, which shrinks the parameters, is
+    halved until they fit."""
+    source = textwrap.dedent(
+        """
+        import torch
+        import torch.nn as nn
+
+        class Model(nn.Module):
+            def __init__(self, width):
+                super().__init__()
+                self.conv = nn.Conv2d(3, width, 3)
+                self.fc = nn.Linear(width, width * 4096)
+            def forward(self, x):
+                return self.fc(self.conv(x).mean((2, 3)))
+
+        width = 256
+        side = 64
+
+        def get_inputs():
+            return [torch.randn(2, 3, side, side)]
+
+        def get_init_inputs():
+            return [width]
+        """
+    )
+    problem = load_problem_source(source, "wide", preset="none")
+    changed = generic_shrink(problem.module, problem.sizes())
+    assert "side" not in changed, changed
+    assert changed["width"] < 256
+    assert load_problem_source(source, "wide", preset="ci").sizes()["side"] == 64

@@ -53,19 +53,39 @@ def arrays(frame: Frame, key: str = "outputs") -> list[np.ndarray]:
     return out
 
 
-def against_exact(results: list[Comparison], c_out: list[np.ndarray], exact: list[np.ndarray],
-                  tol: float, dist: str) -> list[Comparison]:
-    """A stress case's output that misses the fp32 reference but is within ``tol`` of the
-    float64 one is right (rule ``exact``): the fp32 reference was the one off."""
-    if len(exact) != len(results):
+# A whole model the reference's own fp32 arithmetic cannot answer to the tolerance on these
+# inputs (training-mode BatchNorm over few values per channel: ResNet101 at the `ci` sizes is
+# 0.6% off its float64 answer, ResNet18 at 14 x 14 was 5% off, torch.compile as far): a stitched
+# forward no more than this many times as far from the float64 answer as the reference is, in
+# the margin and in the error norm, is as right as PyTorch's own kernels are (rule
+# ``as_reference``; whole models only, where the reference run sends float64 answers for every
+# case: ``verify_candidate(whole_model=True)``). Two fp32 orders of such a model land at random
+# distances from the exact answer (measured 0.3x-3.5x of each other over the four cases); a
+# stitching error (a wrong weight, a wrong wire) is off by the output's own size.
+REFERENCE_ERROR_FACTOR = 4.0
+
+
+def against_exact(results: list[Comparison], c_out: list[np.ndarray], r_out: list[np.ndarray],
+                  exact: list[np.ndarray], tol: float, dist: str, as_reference: bool = False) -> list[Comparison]:
+    """A case's output that misses the fp32 reference but is within ``tol`` of the float64 one
+    is right (rule ``exact``): the fp32 reference was the one off. ``as_reference``: where the
+    fp32 reference itself misses the float64 answer by more than ``tol``, an output within
+    ``REFERENCE_ERROR_FACTOR`` times its errors is right too (rule ``as_reference``)."""
+    if len(exact) != len(results) or len(r_out) != len(results):
         return results
     out = []
-    for res, c, e in zip(results, c_out, exact, strict=True):
+    for res, c, r, e in zip(results, c_out, r_out, exact, strict=True):
         if res.kind == "mismatch" and c.shape == e.shape:
             alt = measure(c, e, tol, dist)
             if alt.kind is None:
                 alt.rule = "exact"
                 res = alt
+            elif as_reference:
+                own = measure(r, e, tol, dist)
+                if own.kind == "mismatch" and own.margin is not None and alt.margin is not None:
+                    allowed = REFERENCE_ERROR_FACTOR * own.margin
+                    if alt.margin <= allowed and alt.rel_err_norm <= REFERENCE_ERROR_FACTOR * own.rel_err_norm:
+                        res = Comparison(None, alt.max_abs_err, alt.rel_err_norm, alt.margin / allowed, "as_reference")
         out.append(res)
     return out
 
@@ -180,7 +200,8 @@ def judge(
             c_out, r_out = arrays(c_frame), arrays(r_frame)
             results = [measure(c, r, tol, dist) for c, r in zip(c_out, r_out, strict=True)]
             if r_frame.header.get("exact"):
-                results = against_exact(results, c_out, arrays(r_frame, "exact"), tol, dist)
+                results = against_exact(results, c_out, r_out, arrays(r_frame, "exact"), tol, dist,
+                                        as_reference=bool(r_frame.header.get("as_reference")))
             mine = c_out
         worst = max(range(n_out), key=lambda k: _rank(results[k]), default=None)
         if worst is not None:

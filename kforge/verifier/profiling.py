@@ -396,7 +396,7 @@ def _judge_kept(result: Any, cand_out: JobOutcome, ref_out: JobOutcome, judge: A
             return _stale(k, float("nan"), float("nan"), tol, shapes=True), "checked"
         results = [measure(c, r, tol, "native") for c, r in zip(c_out, r_out, strict=True)]
         if ref.header.get("exact"):
-            results = against_exact(results, c_out, arrays(ref, "exact"), tol, "native")
+            results = against_exact(results, c_out, r_out, arrays(ref, "exact"), tol, "native")
         bad = next((r for r in results if r.kind is not None), None)
         if bad is not None:
             return _stale(k, bad.max_abs_err, bad.rel_err_norm, tol), "checked"

@@ -168,7 +168,7 @@ def verify_candidate(
     return run_verification(source, problem_path, platform=platform, policy=policy, preset=preset,
                             sizes=sizes, build_dir=build_dir, trials=trials, timeout_s=timeout_s,
                             memory_mb=memory_mb, scratch=scratch, compare=compare, static=not whole_model,
-                            launch_checks=not whole_model, other_sizes=not whole_model)
+                            launch_checks=not whole_model, other_sizes=not whole_model, whole_model=whole_model)
 
 
 def run_verification(
@@ -176,11 +176,13 @@ def run_verification(
     sizes: dict[str, int] | None = None, build_dir: Path | None = None, trials: int = 3,
     timeout_s: float = 120, memory_mb: int = 4096, scratch: Path | None = None,
     static: bool = True, max_pids: int = 256, compare: Compare = "auto", launch_checks: bool = True,
-    other_sizes: bool = True,
+    other_sizes: bool = True, whole_model: bool = False,
 ) -> Verdict:
     """``verify_candidate`` with knobs for tests: ``static=False`` exercises the dynamic layer
     alone, as if a pattern had slipped past the AST checks. ``launch_checks`` and
-    ``other_sizes`` (the shape-specialisation case) are off for a stitched whole model."""
+    ``other_sizes`` (the shape-specialisation case) are off for a stitched whole model;
+    ``whole_model`` also has the reference answer every case in float64 too, for the
+    ``as_reference`` rule (``correctness.against_exact``)."""
     start = time.monotonic()
     tol = TOLERANCES[policy]
 
@@ -227,6 +229,8 @@ def run_verification(
         ref_job = {"mode": "reference", "problem_path": str(problem_path), "preset": preset,
                    "sizes": sizes, "cases": cases, "device": device, "model_seed": MODEL_SEED,
                    "repeat_seed": repeat_seed(problem_source)}
+        if whole_model:
+            ref_job["whole_model"] = True
         if on_device:
             ref_job.update(device_compare=True, draw_on_device=True)
         ro = [*sandbox_inputs(plat, source, build), problem_path.parent]

@@ -217,9 +217,10 @@ def _reference_case(job: dict[str, Any], case: Any, cache: dict[str, Any]) -> tu
         blobs.append(blob)
     header = {"kind": "case", "index": case.index, "dist": case.dist, "sizes": sizes, "outputs": metas,
               "digest": before, "input_digests": each, "ops": ops, "deterministic": same, "flags": precision_flags()}
-    if case.dist != "native" and not job.get("device_compare"):
+    if (case.dist != "native" or job.get("whole_model")) and not job.get("device_compare"):
         exact = exact_outputs(model, inputs, len(tensors))
         if exact is not None:
+            header["as_reference"] = bool(job.get("whole_model"))  # correctness.against_exact
             header["exact"] = []
             for t in exact:
                 meta, blob = encode_tensor(t)

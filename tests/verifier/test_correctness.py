@@ -124,8 +124,29 @@ def test_a_stress_case_where_the_fp32_reference_is_off_is_judged_against_float64
     for cand, ok in ((right, True), (wrong, False)):
         first = [measure(cand, ref32, 1e-4, "heavy")]
         assert first[0].kind == "mismatch"
-        judged = against_exact(first, [cand], [exact], 1e-4, "heavy")[0]
+        judged = against_exact(first, [cand], [ref32], [exact], 1e-4, "heavy")[0]
         assert (judged.kind is None) is ok and (judged.rule == "exact") is ok
+
+
+def test_a_whole_model_the_fp32_reference_cannot_answer_is_judged_by_the_reference_s_own_error() -> None:
+    """Rule ``as_reference`` (whole models only): where the fp32 reference is itself 1% off the
+    float64 answer, an output up to REFERENCE_ERROR_FACTOR times as far passes; one off by the
+    output's own size (a wrong wire) does not, nor does the same output without the rule."""
+    from kforge.verifier.correctness import REFERENCE_ERROR_FACTOR, against_exact, measure
+
+    rng = np.random.default_rng(1)
+    exact = rng.standard_normal(4096)
+    ref32 = exact + 1e-2 * rng.standard_normal(4096)
+    near = exact + 0.5 * REFERENCE_ERROR_FACTOR * 1e-2 * rng.standard_normal(4096)
+    wired_wrong = rng.standard_normal(4096)
+    for cand, ok in ((near, True), (wired_wrong, False)):
+        first = [measure(cand, ref32, 1e-4, "native")]
+        assert first[0].kind == "mismatch"
+        judged = against_exact(first, [cand], [ref32], [exact], 1e-4, "native", as_reference=True)[0]
+        assert (judged.kind is None) is ok and (judged.rule == "as_reference") is ok
+        assert judged.kind is None or judged.margin > 1
+        plain = against_exact(first, [cand], [ref32], [exact], 1e-4, "native")[0]
+        assert plain.kind == "mismatch"
 
 
 def test_frobenius_norm_on_heavy_inputs_verifies_against_float64(tmp_path) -> None:  # type: ignore[no-untyped-def]
