@@ -161,7 +161,7 @@ def end_to_end(source: str, model_file: Path, build_dir: Path, *, platform: str,
     if not verdict.ok:
         return e2e
     prof = time_against_baselines(source, model_file, platform=platform, policy=policy, preset=preset, sizes=sizes,
-                                  build_dir=build_dir / platform, reps=reps, timeout_s=1200)
+                                  build_dir=build_dir / platform, reps=reps, timeout_s=1200, whole_model=True)
     if not prof.ok or prof.candidate is None:
         e2e.detail = f"timing: {prof.reason}: {prof.detail}"[:500]
         return e2e

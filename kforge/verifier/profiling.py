@@ -108,9 +108,11 @@ def profile_candidate(
     warmup: int = 3, reps: int = 20, threads: int | None = None, timeout_s: float = 300,
     peaks: Peaks | None = None, remeasure: Callable[[], Peaks] | None = None,
     policy: Policy | None = None, batch_ns: int | None = None,
-    compile_baseline: bool = True, compile_cache: Seed | None = None,
+    compile_baseline: bool = True, compile_cache: Seed | None = None, whole_model: bool = False,
 ) -> Profile:
     """Timing record of one candidate; never raises for anything the candidate does.
+    ``whole_model``: a stitched model (``kforge.models``), its checked calls judged as its
+    verification judged it (float64 answers too, rule ``as_reference``).
     ``compile_cache``: torch.compile's baseline starts from a warmed cache (``compile_cache.py``).
     ``remeasure`` re-measures the peaks before a flag (see :func:`roofline`). A few timed calls,
     chosen after they ran, are compared with the reference on their own inputs (at the
@@ -125,7 +127,8 @@ def profile_candidate(
                               baselines=baselines, warmup=warmup, reps=reps, threads=threads,
                               timeout_s=timeout_s, peaks=peaks, remeasure=remeasure, policy=policy,
                               batch_ns=batch_ns, compile_baseline=compile_baseline,
-                              compile_cache=compile_cache if baselines and compile_baseline else None)
+                              compile_cache=compile_cache if baselines and compile_baseline else None,
+                              whole_model=whole_model)
     first = _profile_once(source, problem_path, **kw)
     if first.reason != Reason.TIMING_INCONSISTENT.value:
         return first
@@ -155,6 +158,7 @@ def _profile_once(
     build_dir: Path | None, baselines: bool, warmup: int, reps: int, threads: int | None,
     timeout_s: float, peaks: Peaks | None, remeasure: Callable[[], Peaks] | None,
     policy: Policy | None, batch_ns: int | None, compile_baseline: bool, compile_cache: Seed | None,
+    whole_model: bool = False,
 ) -> Profile:
     from kforge.platforms import UnknownPlatformError, get_platform
     from kforge.platforms.base import sandbox_inputs
@@ -206,7 +210,7 @@ def _profile_once(
     if not result.error:
         try:
             if judge is None and result.kept:  # the reference's answers for the checked calls
-                ref_link.send({"op": "oracle", "exact": tol < EXACT_BELOW,
+                ref_link.send({"op": "oracle", "exact": tol < EXACT_BELOW or whole_model,
                                "items": [{"tag": k.tag, "content": k.content.to_json()} for k in result.kept]})
             ref_link.send({"op": "bye"})
             cand_link.send({"op": "bye", "table": {"seed": conductor.rng.getrandbits(48)}})
@@ -257,7 +261,7 @@ def _profile_once(
         cpu_verdict(result.cpu_ns, result.busy_ns, threads_used) if not gpu else "")
     if problem_:
         return Profile(ok=False, reason=Reason.TIMING_INCONSISTENT.value, detail=problem_, device=device, extra=extra)
-    stale, checked_note = _judge_kept(result, cand_out, ref_out, judge, tol)
+    stale, checked_note = _judge_kept(result, cand_out, ref_out, judge, tol, as_reference=whole_model)
     extra["checked"] = checked_note
     if stale:
         return Profile(ok=False, reason=Reason.STALE_OUTPUT.value, detail=stale, device=device, extra=extra)
@@ -363,7 +367,8 @@ def _failure(ref_out: JobOutcome | None, cand_out: JobOutcome | None, jobs: list
     return None
 
 
-def _judge_kept(result: Any, cand_out: JobOutcome, ref_out: JobOutcome, judge: Any, tol: float) -> tuple[str, str]:
+def _judge_kept(result: Any, cand_out: JobOutcome, ref_out: JobOutcome, judge: Any, tol: float,
+                as_reference: bool = False) -> tuple[str, str]:
     """("", note) when every checked call matched the reference on its own inputs; else what
     disagreed. On the CPU the outputs came as bytes and the reference's answers from its worker;
     on the GPU the judge in the candidate's sandbox compared them."""
@@ -396,7 +401,7 @@ def _judge_kept(result: Any, cand_out: JobOutcome, ref_out: JobOutcome, judge: A
             return _stale(k, float("nan"), float("nan"), tol, shapes=True), "checked"
         results = [measure(c, r, tol, "native") for c, r in zip(c_out, r_out, strict=True)]
         if ref.header.get("exact"):
-            results = against_exact(results, c_out, r_out, arrays(ref, "exact"), tol, "native")
+            results = against_exact(results, c_out, r_out, arrays(ref, "exact"), tol, "native", as_reference=as_reference)
         bad = next((r for r in results if r.kind is not None), None)
         if bad is not None:
             return _stale(k, bad.max_abs_err, bad.rel_err_norm, tol), "checked"
@@ -415,11 +420,12 @@ def time_against_baselines(source: str, problem_path: Path, *, platform: str, po
                            sizes: dict[str, int] | None = None, build_dir: Path | None = None, warmup: int = 3,
                            reps: int = 20, threads: int | None = None, timeout_s: float = 300,
                            peaks: Peaks | None = None, remeasure: Callable[[], Peaks] | None = None,
-                           compile_baseline: bool = True, compile_cache: Seed | None = None) -> Profile:
+                           compile_baseline: bool = True, compile_cache: Seed | None = None,
+                           whole_model: bool = False) -> Profile:
     """The candidate, eager and torch.compile timed alternately (each in its own process)
     through the checked path: what the pipeline's ``select`` stage and ``kforge bench`` report.
     ``compile_baseline=False`` leaves torch.compile out (``extra["compile_skipped"]``)."""
     return profile_candidate(source, problem_path, platform=platform, preset=preset, sizes=sizes,
                              build_dir=build_dir, baselines=True, warmup=warmup, reps=reps, threads=threads,
                              timeout_s=timeout_s, peaks=peaks, remeasure=remeasure, policy=policy,
-                             compile_baseline=compile_baseline, compile_cache=compile_cache)
+                             compile_baseline=compile_baseline, compile_cache=compile_cache, whole_model=whole_model)
