@@ -6,8 +6,8 @@
 ``run`` calls ``kforge model FILE`` in a process of its own per file (its folder under
 ``--work``), reads the ``model.json`` it writes and appends one row to the JSONL; files already
 in the JSONL are skipped, so a cut sweep resumes. ``--max-distinct N`` leaves a file whose
-partition has more than N distinct regions (its pipeline's cost) for a later, longer sweep: the
-row says so, and it counts as not verified. ``--deadline`` seconds: no file starts after it.
+partition has more than N distinct regions (its pipeline's cost) for a later sweep with a
+larger N: the row says so, it counts as not verified, and the next sweep runs it. ``--deadline`` seconds: no file starts after it.
 
 The table: per file how far it got (captured, partitioned, the regions' pipeline, stitched,
 verified end to end, timed), its regions (all, distinct, shipped) and the end-to-end speedup
@@ -25,7 +25,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+NOT_RUN = "not run:"
 STAGES = ("capture", "partition", "pipeline", "stitch", "verified", "timed")
 
 
@@ -37,7 +39,17 @@ def _files(folder: Path, only: set[str]) -> list[Path]:
 def _done(out: Path) -> set[str]:
     if not out.is_file():
         return set()
-    return {json.loads(line)["file"] for line in out.read_text().splitlines() if line.strip()}
+    return {r["file"] for r in _rows(out) if not str(r.get("error", "")).startswith(NOT_RUN)}
+
+
+def _rows(path: Path) -> list[dict[str, object]]:
+    """The JSONL's rows, the last one per file (a file left for later and then run)."""
+    rows: dict[str, dict[str, object]] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            rows[str(row["file"])] = row
+    return list(rows.values())
 
 
 def _distinct(path: Path, preset: str) -> tuple[int, int, str]:
@@ -68,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         regions, distinct, error = _distinct(path, args.preset)
         if args.max_distinct and distinct > args.max_distinct:
             row.update(stage="partition", regions=regions, distinct=distinct,
-                       error=f"not run: {distinct} distinct regions > --max-distinct {args.max_distinct}")
+                       error=f"{NOT_RUN} {distinct} distinct regions > --max-distinct {args.max_distinct}")
         else:
             work = args.work / path.stem
             cmd = [sys.executable, "-m", "kforge.cli", "model", str(path), "--platform", args.platform,
@@ -100,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def table(args: argparse.Namespace) -> int:
-    rows = [json.loads(line) for line in args.jsonl.read_text().splitlines() if line.strip()]
+    rows: list[dict[str, Any]] = _rows(args.jsonl)  # type: ignore[assignment]
+    rows.sort(key=lambda r: (len(r["file"].split("_")[0]), r["file"]))
     if not rows:
         print("no rows")
         return 1
