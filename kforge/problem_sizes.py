@@ -2,7 +2,8 @@
 :mod:`kforge.problem_cost` counts work at other values of them).
 
 A size constant is a public module-level ``int`` (``batch_size = 128``) or one element of a
-public tuple of ints (KernelBench's ``input_shape = (32768,)``), keyed ``name[i]``.
+public tuple or list of ints (KernelBench's ``input_shape = (32768,)``, ``hidden_layer_sizes =
+[32768, 32768]``), keyed ``name[i]``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import types
 
 def size_constants(module: types.ModuleType) -> dict[str, int]:
     """Public module-level ``int`` constants (bools excluded), in definition order; the
-    elements of a public tuple of ints (KernelBench's ``input_shape = (32768,)``) as
+    elements of a public tuple or list of ints (KernelBench's ``input_shape = (32768,)``) as
     ``name[i]``."""
     out: dict[str, int] = {}
     for key, value in vars(module).items():
@@ -20,7 +21,7 @@ def size_constants(module: types.ModuleType) -> dict[str, int]:
             continue
         if type(value) is int:
             out[key] = value
-        elif type(value) is tuple and value and all(type(v) is int for v in value):
+        elif type(value) in (tuple, list) and value and all(type(v) is int for v in value):
             out.update({f"{key}[{i}]": v for i, v in enumerate(value)})
     return out
 
@@ -46,6 +47,7 @@ def set_size(module: types.ModuleType, key: str, value: int) -> None:
         setattr(module, key, value)
         return
     name, index = split
-    items = list(getattr(module, name))
+    old = getattr(module, name)
+    items = list(old)
     items[index] = value
-    setattr(module, name, tuple(items))
+    setattr(module, name, type(old)(items))

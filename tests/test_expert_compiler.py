@@ -133,7 +133,7 @@ for shape in sizes:  # one candidate, several sizes: nothing size-specific was g
     ref = ns["Model"](*init)
     new = mod.ModelNew(*init)
     new.load_state_dict(ref.state_dict())
-    x = torch.randn(*shape)
+    x = eval(shape) if isinstance(shape, str) else torch.randn(*shape)  # a str: integer ids
     with torch.no_grad():
         torch.testing.assert_close(new(x), ref(x), atol=1e-4, rtol=1e-4)
 print("ok")
@@ -155,7 +155,7 @@ def _run_triton(source: str, tmp_path: Path, sizes: list[tuple[int, ...]], init:
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("case", ["gemm_groupnorm", "softmax_dim0", "batchnorm"])
+@pytest.mark.parametrize("case", ["gemm_groupnorm", "softmax_dim0", "batchnorm", "embedding"])
 def test_triton_candidates_match_at_two_sizes(case: str, tmp_path: Path):
     if case == "gemm_groupnorm":
         src = problem(LINEAR + "\nself.gn = nn.GroupNorm(4, args[1])", "return F.gelu(self.gn(self.linear(x)))",
@@ -164,6 +164,10 @@ def test_triton_candidates_match_at_two_sizes(case: str, tmp_path: Path):
     elif case == "softmax_dim0":
         src = problem("", "return torch.softmax(x * 2.0, dim=0) + x.mean(dim=1, keepdim=True)", "[torch.randn(8, 32)]")
         _run_triton(src, tmp_path, [(8, 32), (19, 7)], [])
+    elif case == "embedding":  # a decoder's first op: each id's row, gathered, its norm fused after it
+        src = problem("self.emb = nn.Embedding(args[0], args[1])\nself.norm = nn.LayerNorm(args[1])",
+                      "return self.norm(self.emb(x)) * 2.0", "[torch.randint(0, 50, (4, 6))]", "[50, 24]")
+        _run_triton(src, tmp_path, ["torch.randint(0, 50, (4, 6))", "torch.randint(0, 50, (3, 11))"], [50, 24])
     else:
         src = problem("self.bn = nn.BatchNorm1d(args[0])", "return torch.tanh(self.bn(x))", "[torch.randn(8, 16)]", "[16]")
         _run_triton(src, tmp_path, [(8, 16), (30, 16)], [16])

@@ -306,3 +306,25 @@ def test_level2_gemm_tail_problems_flags() -> None:
         meta = problem_meta(load_problem(path, suite="level2", preset="ci"))
         expected = ["nondeterministic"] if path.stem == "044_gemm_dropout_train_gelu" else []
         assert meta.error is None and meta.degenerate == expected, (path.stem, meta)
+
+
+def test_a_list_of_sizes_is_shrunk_like_a_tuple() -> None:
+    """KernelBench's MLPs keep their widths in a list (``hidden_layer_sizes = [32768, 32768]``):
+    its elements are size constants too, so the ci preset shrinks them (the whole model was
+    8.6 GB of weights at ci sizes before)."""
+    source = (
+        "import torch\nimport torch.nn as nn\n\n"
+        "class Model(nn.Module):\n"
+        "    def __init__(self, sizes):\n"
+        "        super().__init__()\n"
+        "        self.layers = nn.Sequential(*[nn.Linear(a, b) for a, b in zip(sizes, sizes[1:])])\n"
+        "    def forward(self, x):\n"
+        "        return self.layers(x)\n\n"
+        "widths = [8192, 32768, 8192]\n\n"
+        "def get_inputs():\n    return [torch.randn(16, widths[0])]\n\n"
+        "def get_init_inputs():\n    return [widths]\n"
+    )
+    problem = load_problem_source(source, "wide_mlp", preset="ci")
+    sizes = problem.sizes()
+    assert {"widths[0]", "widths[1]", "widths[2]"} <= set(sizes) and sizes["widths[1]"] < 32768
+    assert type(problem.module.widths) is list and problem.module.widths[1] == sizes["widths[1]"]

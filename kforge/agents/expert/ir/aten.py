@@ -258,6 +258,24 @@ def _gather(b: Builder, fx: torch.fx.Node) -> Node:
     return b.add("gather", [x, index], shape, dtype, dim=fx.args[1] % len(x.shape))
 
 
+@handles("embedding")
+def _embedding(b: Builder, fx: torch.fx.Node) -> Node:
+    """``weight[indices]``: each index's row, as a gather of the rows (indices flattened to N,
+    broadcast over the row's D columns) viewed back to ``indices.shape + [D]``."""
+    shape, dtype = b.meta(fx)
+    weight, indices = b.tensor(fx.args[0]), b.tensor(fx.args[1])
+    if len(weight.shape) != 2:
+        raise UnsupportedError("embedding of a weight that is not 2-D")
+    n = sympy.Integer(1)
+    for s in indices.shape:
+        n = n * s
+    d = weight.shape[1]
+    flat = b.add("view", [indices], (n, 1), indices.dtype)
+    wide = b.add("broadcast", [flat], (n, d), indices.dtype, bdims=[0, 1])
+    rows = b.add("gather", [weight, wide], (n, d), dtype, dim=0)
+    return b.add("view", [rows], shape, dtype)
+
+
 @handles("full", "scalar_tensor", "full_like", "zeros_like", "ones_like", "zeros", "ones")
 def _full(b: Builder, fx: torch.fx.Node) -> Node:
     shape, dtype = b.meta(fx)
