@@ -7,7 +7,9 @@
     3. consecutive groups merge while at most one of them holds heavy ops and together they
        hold no more than ``MAX_HEAVY``: a convolution and the BatchNorm, activation and pooling
        modules after it are one region (its epilogue), a LayerNorm joins the projection after it
-    4. ``torch.fx``'s ``split_module`` makes each group a submodule; the parent graph calls
+    4. a group that reads nothing from outside itself (constants the forward makes) joins the
+       group after it
+    5. ``torch.fx``'s ``split_module`` makes each group a submodule; the parent graph calls
        them in order and hands them their activations, parameters and buffers
 
 Consecutive groups in graph order are convex (a group reads only earlier groups' values), so
@@ -96,6 +98,26 @@ def groups_of(nodes: list[torch.fx.Node], depth: int = 1) -> list[list[torch.fx.
     return out + merged(pending)
 
 
+def sourceless_folded(groups: list[list[torch.fx.Node]]) -> list[list[torch.fx.Node]]:
+    """A group that reads nothing from outside itself (constants a forward makes: a decode
+    step's position, ``torch.full``) joins the group after it (the last, the one before): a
+    region without inputs is no problem of its own."""
+    out: list[list[torch.fx.Node]] = []
+    carry: list[torch.fx.Node] = []
+    for group in groups:
+        members = set(group)
+        if not any(isinstance(a, torch.fx.Node) and a not in members for n in group for a in n.all_input_nodes):
+            carry += group
+            continue
+        out.append(carry + group)
+        carry = []
+    if carry:
+        if not out:
+            return [carry]
+        out[-1] = out[-1] + carry
+    return out
+
+
 def merged(groups: list[list[torch.fx.Node]]) -> list[list[torch.fx.Node]]:
     """Step 3 of the module docstring."""
     out: list[list[torch.fx.Node]] = []
@@ -179,7 +201,7 @@ def _spec(name: str, value: Any, kind: str, source: str = "") -> TensorSpec:
 
 def partition(gm: torch.fx.GraphModule, root: torch.nn.Module, inputs: list[Any]) -> Partition:
     ops = [n for n in gm.graph.nodes if n.op == "call_function"]
-    groups = groups_of(ops)
+    groups = sourceless_folded(groups_of(ops))
     index = {n: i for i, g in enumerate(groups) for n in g}
     split = split_module(gm, root, lambda n: index.get(n, 0), keep_original_order=True)
     for node in split.graph.nodes:

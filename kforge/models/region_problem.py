@@ -64,12 +64,18 @@ def region_source(region: Region, args: list[Any], model_file: str) -> str:
     body = re.sub(r"^def forward\(self", "def _region(self", region.code.strip(), count=1, flags=re.M)
     for aten, functional in FUNCTIONAL.items():
         body = body.replace(aten + "(", functional + "(")
+    device = r"device\(type='[a-z]+'(?:, index=\d+)?\)"  # the device the capture ran on, a literal
+    if region.inputs and re.search(device, body):  # the region's inputs' instead (on a GPU, theirs)
+        body = re.sub(device, "_device", body)
+        body = re.sub(r"^(def _region\(.*\):\n)", r"\1    _device = a0.device\n", body, count=1, flags=re.M)
     lines = [
         f'"""Region {region.name} of {model_file}: {region.label or "its own operations"} '
         f'({region.ops} ops{", " + ", ".join(region.heavy[:4]) if region.heavy else ""}).',
         "",
         "Written by kforge.models.region_problem: the region's code as torch.fx wrote it, its parameters",
         'and inputs drawn like the model\'s own."""',
+        "",
+        "from math import inf, nan  # noqa: F401 - names torch.fx's code may use",
         "",
         "import torch",
         "import torch.nn as nn",
