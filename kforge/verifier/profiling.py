@@ -17,6 +17,7 @@ reference, each in a process of its own, with a kernel table, a roofline and clo
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -190,8 +191,10 @@ def _profile_once(
     env = plat.worker_env(build)
     limits = Limits(timeout_s=timeout_s, memory_mb=None)
     clocks_before = read_clocks() if gpu else {"clock_telemetry": "unavailable", "why": "no GPU clocks on a CPU platform"}
+    # a whole model's oracle answers its checked calls in float64 too: three times the bytes
+    ref_limits = dataclasses.replace(limits, result_bytes=3 * limits.result_bytes) if whole_model else limits
     jobs = [
-        _Job(job=ref_job, scratch_root=None, env_extra=env, limits=limits, gpu=gpu,
+        _Job(job=ref_job, scratch_root=None, env_extra=env, limits=ref_limits, gpu=gpu,
              ro_paths=[problem_path.parent], companion=ref_link, seed=compile_cache),
         _Job(job=cand_job, scratch_root=None, env_extra=env, limits=limits, gpu=gpu, candidate_source=source,
              ro_paths=[*sandbox_inputs(plat, source, build), problem_path.parent],
