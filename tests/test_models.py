@@ -5,6 +5,7 @@ and cut (their whole run is benchmarks/models_cpu.py's)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -121,3 +122,29 @@ def test_the_decoders_are_captured_and_cut(name: str) -> None:
     for region in part.regions:
         assert region.inputs, region.name
         assert "device(type=" not in region_source(region, part.seen[region.name][0], name)
+
+
+def test_the_sweep_table_counts_every_file_and_a_file_without_a_faster_forward_at_one(tmp_path: Path,
+                                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/models_sweep.py: a file left for later is run by the next sweep (its last row
+    counts); the geomean is over every file of the folder, one not verified or not faster at 1.0."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("models_sweep", REPO / "benchmarks" / "models_sweep.py")
+    assert spec is not None and spec.loader is not None
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    rows = [
+        {"file": "1_a.py", "stage": "timed", "verified": True, "status": "shipped", "speedup": 4.0, "low": 3.5},
+        {"file": "2_b.py", "stage": "partition", "error": sweep.NOT_RUN + " 9 distinct regions > --max-distinct 5"},
+        {"file": "2_b.py", "stage": "timed", "verified": True, "status": "no_gain", "speedup": 0.5, "low": 0.4},
+        {"file": "3_c.py", "stage": "capture", "error": "ModuleNotFoundError"},
+    ]
+    jsonl = tmp_path / "sweep.jsonl"
+    jsonl.write_text("".join(json.dumps({"platform": "cpu", "policy": "strict", "preset": "ci", **r}) + "\n"
+                             for r in rows))
+    assert sweep._done(jsonl) == {"1_a.py", "2_b.py", "3_c.py"}
+    assert sweep.table(argparse.Namespace(jsonl=jsonl, total=4)) == 0
+    out = capsys.readouterr().out
+    assert out.count("| 2_b.py |") == 1 and "verified end to end 2" in out
+    assert "geomean 1.414x" in out  # 4.0 over four files: 4 ** (1 / 4)
