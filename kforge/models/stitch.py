@@ -118,9 +118,12 @@ def _lend(kernel: torch.nn.Module, attributes: dict[str, str], model: torch.nn.M
         if leaf in owner._parameters:
             kernel._parameters.pop(attr, None)
             kernel.register_parameter(attr, owner._parameters[leaf])
-        else:
+        elif leaf in owner._buffers:
             kernel._buffers.pop(attr, None)
             kernel.register_buffer(attr, owner._buffers[leaf])
+        else:  # KernelBench's VanillaRNN keeps its hidden state so, and reassigns it every call
+            raise StitchError(f"the model's {path} is a plain tensor attribute, not a parameter or buffer: "
+                              "state its forward may reassign, which a region's kernel cannot be lent")
 
 
 class StitchedModel(torch.nn.Module):
