@@ -135,9 +135,9 @@ def test_the_sweep_table_counts_every_file_and_a_file_without_a_faster_forward_a
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
     rows = [
-        {"file": "1_a.py", "stage": "timed", "verified": True, "status": "shipped", "speedup": 4.0, "low": 3.5},
+        {"file": "1_a.py", "stage": "timed", "distinct": 1, "verified": True, "status": "shipped", "speedup": 4.0, "low": 3.5},
         {"file": "2_b.py", "stage": "partition", "error": sweep.NOT_RUN + " 9 distinct regions > --max-distinct 5"},
-        {"file": "2_b.py", "stage": "timed", "verified": True, "status": "no_gain", "speedup": 0.5, "low": 0.4},
+        {"file": "2_b.py", "stage": "timed", "distinct": 9, "verified": True, "status": "no_gain", "speedup": 0.5, "low": 0.4},
         {"file": "3_c.py", "stage": "capture", "error": "ModuleNotFoundError"},
     ]
     jsonl = tmp_path / "sweep.jsonl"
@@ -146,5 +146,5 @@ def test_the_sweep_table_counts_every_file_and_a_file_without_a_faster_forward_a
     assert sweep._done(jsonl) == {"1_a.py", "2_b.py", "3_c.py"}
     assert sweep.table(argparse.Namespace(jsonl=jsonl, total=4)) == 0
     out = capsys.readouterr().out
-    assert out.count("| 2_b.py |") == 1 and "verified end to end 2" in out
+    assert out.count("| 2_b.py |") == 1 and "verified end to end 2" in out and "partitioned 2," in out
     assert "geomean 1.414x" in out  # 4.0 over four files: 4 ** (1 / 4)
