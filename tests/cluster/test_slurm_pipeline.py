@@ -123,8 +123,16 @@ def test_pipeline_through_slurm_matches_a_local_run(cluster: Any, tmp_path: Path
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:] + "\n" + cluster.log_tail()
 
     # It really went through Slurm: every job accounted, completed, select on the whole node.
-    jobs = [r for r in sacct_jobs(cluster) if r["jobid"] not in before]
-    assert jobs and all(r["state"] == "COMPLETED" for r in jobs), jobs
+    # sacct may still show a job that just ended as RUNNING or COMPLETING: let the states settle
+    # (CI saw one such row once, the run itself having succeeded)
+    deadline = time.monotonic() + 30
+    while True:
+        jobs = [r for r in sacct_jobs(cluster) if r["jobid"] not in before]
+        settling = [r for r in jobs if r["state"] in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED", "")]
+        if not settling or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert jobs and all(r["state"] == "COMPLETED" for r in jobs), [(r["jobid"], r["comment"], r["state"]) for r in jobs]
     comments = " ".join(r["comment"] for r in jobs)
     for rule in ("rule_problem", "rule_example", "rule_peaks", "rule_warm", "rule_select", "rule_cell_"):
         assert rule in comments, (rule, comments)
