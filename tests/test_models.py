@@ -148,3 +148,17 @@ def test_the_sweep_table_counts_every_file_and_a_file_without_a_faster_forward_a
     out = capsys.readouterr().out
     assert out.count("| 2_b.py |") == 1 and "verified end to end 2" in out and "partitioned 2," in out
     assert "geomean 1.414x" in out  # 4.0 over four files: 4 ** (1 / 4)
+
+
+def test_a_plain_tensor_attribute_is_not_lent_to_a_region_kernel() -> None:
+    """VanillaRNN keeps its hidden state as a plain tensor attribute it reassigns each call: a
+    region's kernel cannot be lent it (it would read a stale state), and the stitch says so."""
+    from kforge.models.stitch import StitchError, _lend
+
+    model = torch.nn.Linear(2, 2)
+    model.hidden = torch.zeros(2)  # type: ignore[assignment]
+    kernel = torch.nn.Module()
+    _lend(kernel, {"w0": "weight"}, model)
+    assert kernel.w0 is model.weight
+    with pytest.raises(StitchError, match="plain tensor attribute"):
+        _lend(kernel, {"b1": "hidden"}, model)

@@ -11,7 +11,7 @@ import sympy
 import torch
 
 from kforge.agents.expert.errors import UnsupportedError
-from kforge.agents.expert.ir.graph import Node, Scalar, dtype_of, static_int
+from kforge.agents.expert.ir.graph import Node, Scalar, dtype_of, numel, static_int
 from kforge.agents.expert.ir.handlers import HANDLERS, Handler, handles
 from kforge.agents.expert.ir.handlers import arg as _arg
 from kforge.agents.expert.ir.ops import OPS
@@ -266,10 +266,7 @@ def _embedding(b: Builder, fx: torch.fx.Node) -> Node:
     weight, indices = b.tensor(fx.args[0]), b.tensor(fx.args[1])
     if len(weight.shape) != 2:
         raise UnsupportedError("embedding of a weight that is not 2-D")
-    n = sympy.Integer(1)
-    for s in indices.shape:
-        n = n * s
-    d = weight.shape[1]
+    n, d = numel(indices.shape), weight.shape[1]
     flat = b.add("view", [indices], (n, 1), indices.dtype)
     wide = b.add("broadcast", [flat], (n, d), indices.dtype, bdims=[0, 1])
     rows = b.add("gather", [weight, wide], (n, d), dtype, dim=0)
