@@ -53,10 +53,13 @@ def write_config(workdir: Path, suite: Path, *, platform: str, policy: str, roun
 
 
 def run_pipeline(workdir: Path, *, cores: int, timeout_s: float = 6 * 3600) -> None:
+    workdir = workdir.resolve()  # snakemake runs inside it: its own paths must not be relative to ours
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
            "--configfile", str(workdir / "kforge.yaml"), "--cores", str(cores), "--keep-going",
            "artifacts/report.parquet"]
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ))
+    # the Snakefile imports this kforge, installed or not, from whatever folder the pipeline runs in
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout_s, env=env)
     if proc.returncode != 0 and not (workdir / "artifacts" / "report.parquet").is_file():
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-12:]
         raise PipelineError("the regions' pipeline failed:\n" + "\n".join(tail))

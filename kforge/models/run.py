@@ -91,6 +91,7 @@ def run_model(model_file: Path, out: Path, *, platform: str = "cpu", policy: str
     ``kernels``: which regions get their kernel in the stitched forward, ``shipped`` (the ship
     rule's answer) or ``verified`` (every verified region, faster or not: the stitch and the
     end-to-end check exercised on every kernel the pipeline made)."""
+    out = Path(out).resolve()  # the pipeline runs in a folder of its own: a relative name would not reach it
     record = ModelRecord(Path(model_file).name, platform, policy, preset, stage="capture")
     t = time.monotonic()
 
