@@ -108,7 +108,7 @@ def test_a_model_through_its_regions_is_verified_end_to_end(tiny: Path, tmp_path
     assert saved["e2e"]["verified"] and (tmp_path / "out" / "regions.parquet").is_file()
 
 
-@pytest.mark.parametrize("name", ["llama_dense", "gpt_oss_moe", "llama_dense_decode"])
+@pytest.mark.parametrize("name", ["llama_dense", "gpt_oss_moe", "llama_dense_decode", "gpt_oss_moe_decode"])
 def test_the_decoders_are_captured_and_cut(name: str) -> None:
     """Prefill of both decoders, and a decode step against the static KV cache the model holds
     (its step writes one slot and gives the same logits every call): every region reads an
@@ -124,6 +124,23 @@ def test_the_decoders_are_captured_and_cut(name: str) -> None:
     for region in part.regions:
         assert region.inputs, region.name
         assert "device(type=" not in region_source(region, part.seen[region.name][0], name)
+
+
+@pytest.mark.parametrize("name", ["llama_dense_decode", "gpt_oss_moe_decode"])
+def test_a_decode_step_is_the_last_position_of_the_whole_sequence_and_leaves_its_cache_as_it_was(name: str) -> None:
+    """The step against the cache the model holds (gpt-oss: its sliding-window layers full, their
+    window rolled on a copy) gives the logits of the prompt and the token run whole, without a
+    cache; a second call gives them again and changes no cache buffer."""
+    pytest.importorskip("transformers")
+    graph = capture_model(REPO / "models" / f"{name}.py", preset="ci")
+    model, (token,) = graph.model, graph.inputs
+    with torch.no_grad():
+        step = model(token)
+        before = {k: b.clone() for k, b in model.named_buffers()}  # the step's own slot written
+        again = model(token)
+        whole = model.lm(torch.cat([model.prompt, token], 1), use_cache=False).logits[:, -1:]
+    assert torch.allclose(step, whole, atol=1e-5) and torch.equal(step, again)
+    assert all(torch.equal(b, before[k]) for k, b in model.named_buffers())
 
 
 def test_the_sweep_table_counts_every_file_and_a_file_without_a_faster_forward_at_one(tmp_path: Path,
