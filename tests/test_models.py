@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kforge.models.graph import capture_model
-from kforge.models.partition import partition
+from kforge.models.partition import partition, written
 from kforge.models.run import run_model
 from kforge.models.stitch import prefixed
 
@@ -112,7 +112,8 @@ def test_a_model_through_its_regions_is_verified_end_to_end(tiny: Path, tmp_path
 def test_the_decoders_are_captured_and_cut(name: str) -> None:
     """Prefill of both decoders, and a decode step against the static KV cache the model holds
     (its step writes one slot and gives the same logits every call): every region reads an
-    input (the step's position constants join the region after them) and names no device."""
+    activation (the step's position constants and the copies of a sliding window's cache join the
+    region after them), writes none of its inputs in place and names no device."""
     pytest.importorskip("transformers")
     from kforge.models.region_problem import region_source
 
@@ -121,9 +122,17 @@ def test_the_decoders_are_captured_and_cut(name: str) -> None:
     assert len(part.regions) > 4 and len({r.digest for r in part.regions}) < len(part.regions)
     out = part.split(*graph.inputs)
     assert torch.allclose(out[0] if isinstance(out, tuple) else out, graph.model(*graph.inputs), atol=1e-5)
+    custom_ops = set()  # the MoE's expert GEMMs: transformers' own op, which a region file must import
     for region in part.regions:
-        assert region.inputs, region.name
-        assert "device(type=" not in region_source(region, part.seen[region.name][0], name)
+        activations = {s.name for s in region.inputs if s.kind == "activation"}
+        assert activations, region.name
+        source = region_source(region, part.seen[region.name][0], name)
+        assert "device(type=" not in source
+        custom_ops |= {"torch.ops.transformers." in source}
+        assert ("torch.ops.transformers." in source) <= ("import transformers.integrations.moe" in source)
+        for node in getattr(part.split, region.name).graph.nodes:  # no region writes an input it is given
+            assert not any(a.name in activations for a in written(node)), (region.name, node.format_node())
+    assert (True in custom_ops) == name.startswith("gpt_oss")
 
 
 @pytest.mark.parametrize("name", ["llama_dense_decode", "gpt_oss_moe_decode"])

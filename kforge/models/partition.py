@@ -8,7 +8,9 @@
        hold no more than ``MAX_HEAVY``: a convolution and the BatchNorm, activation and pooling
        modules after it are one region (its epilogue), a LayerNorm joins the projection after it
     4. a group that reads nothing from outside itself (constants the forward makes) joins the
-       group after it
+       group after it; a value made from nothing but constants and the model's own tensors that
+       a later group writes in place (a decode step's cache counters, a sliding window's copy)
+       is made in that group: no region writes an input it is given
     5. ``torch.fx``'s ``split_module`` makes each group a submodule; the parent graph calls
        them in order and hands them their activations, parameters and buffers
 
@@ -99,14 +101,17 @@ def groups_of(nodes: list[torch.fx.Node], depth: int = 1) -> list[list[torch.fx.
 
 
 def sourceless_folded(groups: list[list[torch.fx.Node]]) -> list[list[torch.fx.Node]]:
-    """A group that reads nothing from outside itself (constants a forward makes: a decode
-    step's position, ``torch.full``) joins the group after it (the last, the one before): a
-    region without inputs is no problem of its own."""
+    """A group that reads no activation from outside itself (constants a forward makes: a
+    decode step's position, ``torch.full``; copies of the model's buffers: a sliding window's
+    cache rolled on a copy) joins the group after it (the last, the one before): a region
+    without inputs is no problem of its own, and a copy made in one region and written in place
+    in the next would be an input its region changes."""
     out: list[list[torch.fx.Node]] = []
     carry: list[torch.fx.Node] = []
     for group in groups:
         members = set(group)
-        if not any(isinstance(a, torch.fx.Node) and a not in members for n in group for a in n.all_input_nodes):
+        if not any(isinstance(a, torch.fx.Node) and a not in members and a.op != "get_attr"
+                   for n in group for a in n.all_input_nodes):
             carry += group
             continue
         out.append(carry + group)
@@ -116,6 +121,66 @@ def sourceless_folded(groups: list[list[torch.fx.Node]]) -> list[list[torch.fx.N
             return [carry]
         out[-1] = out[-1] + carry
     return out
+
+
+def written(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The arguments ``node`` writes in place (its op's schema marks them ``Tensor(a!)``)."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return []
+    return [a for a, arg in zip(node.args, schema.arguments, strict=False)  # trailing defaults unpassed
+            if isinstance(a, torch.fx.Node) and arg.alias_info is not None and arg.alias_info.is_write]
+
+
+def _made_of_constants(node: torch.fx.Node) -> list[torch.fx.Node] | None:
+    """``node`` and what it is made from, in graph order, when that reads no input and none of
+    the model's tensors (``torch.full``, ``arange`` and conversions of them), else None."""
+    chain: dict[torch.fx.Node, None] = {}
+
+    def visit(n: torch.fx.Node) -> bool:
+        if n.op != "call_function":
+            return False
+        if n not in chain:
+            if not all(visit(a) for a in n.all_input_nodes):
+                return False
+            chain[n] = None
+        return True
+
+    return list(chain) if visit(node) else None
+
+
+def made_where_written(groups: list[list[torch.fx.Node]]) -> list[list[torch.fx.Node]]:
+    """Step 4's second half. A value a group writes in place but an earlier group made is made
+    again in the writing group, just before its first use there, when it is made of constants
+    (a decode step's cache counter, which the causal mask reads before the attention adds to
+    it); a copy of the model's own tensors that only the writing group uses moves there (a
+    sliding window's rolled copy). Either reads nothing the group lacks, so the graph stays in
+    a topological order; split_module emits a submodule where its first node stands."""
+    home = {n: i for i, g in enumerate(groups) for n in g}
+    out = [list(g) for g in groups]
+    for i, group in enumerate(groups):
+        for node in group:
+            for w in written(node):
+                if w.op != "call_function" or home.get(w, i) >= i:
+                    continue
+                order = {n: k for k, n in enumerate(w.graph.nodes)}
+                first = min((u for u in w.users if home.get(u) == i), key=order.__getitem__)
+                chain = _made_of_constants(w)
+                if chain is not None:
+                    made: dict[torch.fx.Node, torch.fx.Node] = {}
+                    with w.graph.inserting_before(first):
+                        for c in chain:
+                            made[c] = w.graph.node_copy(c, made.__getitem__)
+                    for u in [u for u in w.users if home.get(u) == i]:
+                        u.replace_input_with(w, made[w])
+                    out[i] = list(made.values()) + out[i]
+                    home.update((n, i) for n in made.values())
+                elif all(a.op == "get_attr" for a in w.all_input_nodes) and all(home.get(u) == i for u in w.users):
+                    first.prepend(w)
+                    out[home[w]].remove(w)
+                    out[i].insert(0, w)
+                    home[w] = i
+    return [g for g in out if g]
 
 
 def merged(groups: list[list[torch.fx.Node]]) -> list[list[torch.fx.Node]]:
@@ -201,7 +266,7 @@ def _spec(name: str, value: Any, kind: str, source: str = "") -> TensorSpec:
 
 def partition(gm: torch.fx.GraphModule, root: torch.nn.Module, inputs: list[Any]) -> Partition:
     ops = [n for n in gm.graph.nodes if n.op == "call_function"]
-    groups = sourceless_folded(groups_of(ops))
+    groups = made_where_written(sourceless_folded(groups_of(ops)))
     index = {n: i for i, g in enumerate(groups) for n in g}
     split = split_module(gm, root, lambda n: index.get(n, 0), keep_original_order=True)
     for node in split.graph.nodes:

@@ -58,6 +58,20 @@ def attribute(spec: TensorSpec, i: int) -> str:
     return f"{'w' if spec.kind == 'parameter' else 'b'}{i}"
 
 
+def custom_op_modules(code: str) -> dict[str, str]:
+    """The module that registered each custom op namespace ``code`` calls (``torch.ops.
+    transformers.grouped_mm_fallback``: transformers' MoE fallback), which a fresh process must
+    import before the op exists. A namespace torch itself defines needs none."""
+    from torch._library.custom_ops import OPDEFS
+
+    out = {}
+    for ns, op in re.findall(r"torch\.ops\.(\w+)\.(\w+)", code):
+        opdef = OPDEFS.get(f"{ns}::{op}")
+        if opdef is not None and ns not in out:
+            out[ns] = opdef._init_fn.__module__
+    return out
+
+
 def region_source(region: Region, args: list[Any], model_file: str) -> str:
     """The problem file of ``region``; ``args``: the real values it was called with, in its
     placeholders' order (``Partition.seen``)."""
@@ -79,6 +93,7 @@ def region_source(region: Region, args: list[Any], model_file: str) -> str:
         "",
         "import torch",
         "import torch.nn as nn",
+        *[f"import {m}  # registers torch.ops.{ns}" for ns, m in custom_op_modules(body).items()],
         "",
         "",
         "class Model(nn.Module):",
