@@ -7,7 +7,10 @@
 ``--work``), reads the ``model.json`` it writes and appends one row to the JSONL; files already
 in the JSONL are skipped, so a cut sweep resumes. ``--max-distinct N`` leaves a file whose
 partition has more than N distinct regions (its pipeline's cost) for a later sweep with a
-larger N: the row says so, it counts as not verified, and the next sweep runs it. ``--deadline`` seconds: no file starts after it.
+larger N: the row says so, it counts as not verified, and the next sweep runs it. ``--regions N``
+runs such a file anyway, its N distinct regions with the largest share of the forward's time
+through the pipeline and the rest as their own ops (``kforge model --regions``); the row says
+how many were tried. ``--deadline`` seconds: no file starts after it.
 
 The table: per file how far it got (captured, partitioned, the regions' pipeline, stitched,
 verified end to end, timed), its regions (all, distinct, shipped) and the end-to-end speedup
@@ -78,14 +81,16 @@ def run(args: argparse.Namespace) -> int:
         row: dict[str, object] = {"file": path.name, "platform": args.platform, "policy": args.policy,
                                   "preset": args.preset}
         regions, distinct, error = _distinct(path, args.preset)
-        if args.max_distinct and distinct > args.max_distinct:
+        if args.max_distinct and distinct > args.max_distinct and not args.regions:
             row.update(stage="partition", regions=regions, distinct=distinct,
                        error=f"{NOT_RUN} {distinct} distinct regions > --max-distinct {args.max_distinct}")
         else:
             work = args.work / path.stem
             cmd = [sys.executable, "-m", "kforge.cli", "model", str(path), "--platform", args.platform,
                    "--policy", args.policy, "--preset", args.preset, "--cores", str(args.cores),
-                   "--out", str(work)]
+                   "--out", str(work), *(["--regions", str(args.regions)] if args.regions else [])]
+            if args.regions and distinct > args.regions:
+                row["tried"] = args.regions
             t0 = time.monotonic()
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=dict(os.environ))
@@ -126,6 +131,8 @@ def table(args: argparse.Namespace) -> int:
         sp = f"{r['speedup']:.2f}x ({r['low']:.2f}x)" if r.get("speedup") else "-"
         ms = [f"{r[k]:.4g}" if r.get(k) else "-" for k in ("candidate_ms", "eager_ms", "compile_ms")]
         note = (r.get("error") or (r.get("detail") if not r.get("verified") else "") or "").replace("|", "/")
+        if r.get("tried"):
+            note = f"the {r['tried']} largest distinct regions tried (--regions); {note}".rstrip("; ")
         print(f"| {r['file']} | {r['stage']} | {r.get('regions', 0)} ({r.get('distinct', 0)}) | {r.get('shipped', 0)} "
               f"| {'yes' if r.get('verified') else 'no'} | {sp} | {' | '.join(ms)} | {r.get('seconds', '-')} "
               f"| {note[:160]} |")
@@ -155,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cores", type=int, default=2)
     p.add_argument("--only", default="", help="file id prefixes, comma separated (4,9,44)")
     p.add_argument("--max-distinct", type=int, default=0, help="leave files with more distinct regions for later")
+    p.add_argument("--regions", type=int, default=0, help="kforge model --regions N: the N distinct regions with the "
+                   "largest share of the forward through the pipeline, the rest their own ops")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per file")
     p.add_argument("--deadline", type=float, default=1e9, help="no file starts after this many seconds")
     p.set_defaults(func=run)

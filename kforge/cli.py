@@ -118,16 +118,20 @@ def cmd_model(args: argparse.Namespace) -> int:
     if not path.is_file():
         print(f"kforge model: {path} not found", file=sys.stderr)
         return 3
+    if args.regions is not None and args.regions < 1:
+        print(f"kforge model: --regions takes a count of 1 or more, got {args.regions}", file=sys.stderr)
+        return 2
     sizes = dict(_size(s) for s in args.size) if args.size else None
     out = Path(args.out) if args.out else Path("artifacts") / "models" / path.stem
     record = run_model(path, out, platform=args.platform, policy=args.policy, preset=args.preset, sizes=sizes,
                        rounds={"functional": args.functional, "optimization": args.optimization}, cores=args.cores,
-                       kernels=args.kernels)
+                       kernels=args.kernels, max_regions=args.regions)
     print(f"{record.model}: {len(record.regions)} regions ({record.distinct_regions} distinct), "
           f"{record.shipped_regions} shipped; stage {record.stage}" + (f": {record.error}" if record.error else ""))
     for r in record.regions:
         ratio = f"{r.speedup:.2f}x" if r.speedup else "-"
-        print(f"  {r.region:10} {r.problem:16} {r.status:14} {ratio:>7}  {r.ops:4} ops  {r.label}")
+        share = f"{r.share:6.1%}" if r.share is not None else "     -"
+        print(f"  {r.region:10} {r.problem:16} {r.status:14} {ratio:>7} {share} {r.ops:4} ops  {r.label}")
     e2e = record.e2e
     if e2e is not None:
         timing = (f"; {e2e.candidate_ms:.4g} ms against eager {e2e.eager_ms or 0:.4g} ms, torch.compile "
@@ -186,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cores", type=int, default=4, help="Snakemake's --cores for the regions' pipeline")
     p.add_argument("--kernels", choices=["shipped", "verified"], default="shipped",
                    help="which regions the stitched forward gives their kernel: the ship rule's, or every verified one")
+    p.add_argument("--regions", type=int, metavar="N", help="only the N distinct regions with the largest share of "
+                   "the forward's time through the pipeline; the rest keep their own ops")
     p.add_argument("--out", help="output folder (default artifacts/models/<model>)")
     p.set_defaults(func=cmd_model)
     p = sub.add_parser("platforms", help="every platform, whether it builds and runs here, and why not")

@@ -108,6 +108,36 @@ def test_a_model_through_its_regions_is_verified_end_to_end(tiny: Path, tmp_path
     assert saved["e2e"]["verified"] and (tmp_path / "out" / "regions.parquet").is_file()
 
 
+def test_a_region_budget_takes_the_largest_distinct_regions_and_keeps_the_rest_as_their_ops(
+        tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--regions N: the N distinct regions with the largest share of the measured forward go
+    through the pipeline (a stack's block counted once per call), the others are rows that say
+    why they were not tried, and every row carries its share."""
+    import kforge.models.run as run_mod
+    from kforge.models.share import largest, region_times
+
+    graph = capture_model(tiny, preset="full")
+    part = partition(graph.gm, graph.model, graph.inputs)
+    times = region_times(part)
+    assert set(times) == {r.name for r in part.regions} and all(t > 0 for t in times.values())
+    total: dict[str, float] = {}
+    for r in part.regions:
+        total[r.digest] = total.get(r.digest, 0.0) + times[r.name]
+    assert largest(part, times, 1) == {max(total, key=total.__getitem__)}
+    assert largest(part, times, 99) == set(total)
+
+    piped: list[Path] = []
+    monkeypatch.setattr(run_mod, "run_pipeline", lambda workdir, cores: piped.append(workdir))
+    monkeypatch.setattr(run_mod, "region_results", lambda workdir: {})
+    monkeypatch.setattr(run_mod, "end_to_end", lambda *a, **k: run_mod.EndToEnd(True, "ok", ""))
+    record = run_model(tiny, tmp_path / "budget", preset="full", max_regions=2)
+    assert piped and len(list((tmp_path / "budget" / "regions").glob("*.py"))) == 2
+    untried = [r for r in record.regions if r.status == "not_tried"]
+    assert untried and all("--regions" in r.detail and not r.problem for r in untried)
+    assert len({r.problem for r in record.regions if r.problem}) == 2
+    assert abs(sum(r.share or 0 for r in record.regions) - 1.0) < 1e-6
+
+
 @pytest.mark.parametrize("name", ["llama_dense", "gpt_oss_moe", "llama_dense_decode", "gpt_oss_moe_decode"])
 def test_the_decoders_are_captured_and_cut(name: str) -> None:
     """Prefill of both decoders, and a decode step against the static KV cache the model holds

@@ -18,6 +18,7 @@ from kforge.models.graph import ModelCaptureError, capture_model
 from kforge.models.partition import Partition, partition
 from kforge.models.pipeline import PipelineError, region_results, run_pipeline, write_config
 from kforge.models.region_problem import region_source
+from kforge.models.share import largest, region_times
 from kforge.models.stitch import stitched_source
 
 
@@ -33,6 +34,7 @@ class RegionRow:
     speedup: float | None
     low: float | None
     detail: str
+    share: float | None = None  # of the reference forward's time, the regions' sum (kforge.models.share)
 
 
 @dataclass
@@ -69,12 +71,16 @@ def _problem_stem(index: int, digest: str) -> str:
     return f"r{index:03d}_{digest[:10]}"
 
 
-def write_regions(part: Partition, folder: Path, model_file: Path) -> dict[str, str]:
-    """One problem file per distinct region; region name -> its problem's stem."""
+def write_regions(part: Partition, folder: Path, model_file: Path,
+                  taken: set[str] | None = None) -> dict[str, str]:
+    """One problem file per distinct region (of the digests ``taken``, all when None);
+    region name -> its problem's stem."""
     folder.mkdir(parents=True, exist_ok=True)
     stems: dict[str, str] = {}
     by_digest: dict[str, str] = {}
     for i, region in enumerate(part.regions):
+        if taken is not None and region.digest not in taken:
+            continue
         stem = by_digest.get(region.digest)
         if stem is None:
             stem = by_digest[region.digest] = _problem_stem(i, region.digest)
@@ -86,11 +92,13 @@ def write_regions(part: Partition, folder: Path, model_file: Path) -> dict[str, 
 def run_model(model_file: Path, out: Path, *, platform: str = "cpu", policy: str = "strict", preset: str = "ci",
               sizes: dict[str, int] | None = None, rounds: dict[str, int] | None = None,
               profile: dict[str, Any] | None = None, cores: int = 4, e2e_reps: int = 30,
-              kernels: str = "shipped") -> ModelRecord:
+              kernels: str = "shipped", max_regions: int | None = None) -> ModelRecord:
     """The whole of ``kforge model`` (module docstring); never raises for what the model does.
     ``kernels``: which regions get their kernel in the stitched forward, ``shipped`` (the ship
     rule's answer) or ``verified`` (every verified region, faster or not: the stitch and the
-    end-to-end check exercised on every kernel the pipeline made)."""
+    end-to-end check exercised on every kernel the pipeline made). ``max_regions``: how many
+    distinct regions go through the pipeline, those with the largest share of the forward's time
+    (``kforge.models.share``); the others keep their own ops (all when None)."""
     out = Path(out).resolve()  # the pipeline runs in a folder of its own: a relative name would not reach it
     record = ModelRecord(Path(model_file).name, platform, policy, preset, stage="capture")
     t = time.monotonic()
@@ -109,8 +117,12 @@ def run_model(model_file: Path, out: Path, *, platform: str = "cpu", policy: str
     except (ModelCaptureError, ValueError, RuntimeError) as err:
         record.error = f"{record.stage}: {err}"[:1000]
         return _finish(record, out)
-    stems = write_regions(part, out / "regions", Path(model_file))
-    record.distinct_regions = len(set(stems.values()))
+    times = region_times(part)
+    whole = sum(times.values()) or 1.0
+    distinct = {r.digest for r in part.regions}
+    taken = largest(part, times, max_regions) if max_regions is not None and len(distinct) > max_regions else None
+    stems = write_regions(part, out / "regions", Path(model_file), taken)
+    record.distinct_regions = len(distinct)
     record.stage = "pipeline"
     write_config(out / "pipeline", out / "regions", platform=platform, policy=policy,
                  rounds=rounds or {"functional": 1, "optimization": 0},
@@ -124,13 +136,19 @@ def run_model(model_file: Path, out: Path, *, platform: str = "cpu", policy: str
     lap("pipeline")
     chosen = {}
     for region in part.regions:
+        share = times[region.name] / whole
+        if region.name not in stems:
+            record.regions.append(RegionRow(region.name, "", region.label, region.ops, len(region.heavy), "not_tried",
+                                            False, None, None, f"{share:.1%} of the forward: not among the "
+                                            f"{max_regions} largest distinct regions (--regions)", share))
+            continue
         res = results.get(stems[region.name])
         if res is not None and res.source and (res.shipped or kernels == "verified"):
             chosen[region.name] = res.source
         record.regions.append(RegionRow(region.name, stems[region.name], region.label, region.ops, len(region.heavy),
                                         res.status if res else "missing", bool(res and res.shipped),
                                         res.speedup if res else None, res.low if res else None,
-                                        (res.detail if res else "no row in the regions' report")[:300]))
+                                        (res.detail if res else "no row in the regions' report")[:300], share))
     record.shipped_regions = sum(r.shipped for r in record.regions)
     record.stage = "stitch"
     source = stitched_source(Path(model_file), preset, sizes, part, chosen)
