@@ -34,7 +34,7 @@ class Model(nn.Module):
         config = GptOssConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=expert_width,
                               num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                               head_dim=head_dim, num_local_experts=experts, num_experts_per_tok=routed,
-                              sliding_window=window, max_position_embeddings=max(seq, 128),
+                              sliding_window=window, max_position_embeddings=131072,  # gpt-oss: 4k x 32 (YaRN)
                               layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)])
         self.lm = GptOssForCausalLM(config).eval()
         if bf16:

@@ -37,7 +37,7 @@ class Model(DecodeStep):
         config = GptOssConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=expert_width,
                               num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                               head_dim=head_dim, num_local_experts=experts, num_experts_per_tok=routed,
-                              sliding_window=window, max_position_embeddings=max(context + 1, 128),
+                              sliding_window=window, max_position_embeddings=131072,  # gpt-oss: 4k x 32 (YaRN)
                               layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)])
         lm = GptOssForCausalLM(config).eval().to(torch.bfloat16 if bf16 else torch.float32)
         super().__init__(lm, config, batch=batch, context=context, vocab=vocab)
