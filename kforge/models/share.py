@@ -17,9 +17,20 @@ from kforge.models.partition import Partition
 
 def region_times(part: Partition, *, reps: int = 3) -> dict[str, float]:
     """Milliseconds of each region's submodule on the arguments it was called with in the
-    capture (the best of ``reps`` calls after one warm call); a region's in-place writes are
-    the model's own, idempotent per call, so running it again changes nothing."""
+    capture (the best of ``reps`` calls after one warm call, on one thread: shares, not a
+    profile); a region's in-place writes are the model's own, idempotent per call, so running
+    it again changes nothing."""
     out = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a pool's threads on a busy host wake on the scheduler's tick (4 ms)
+    try:
+        _time_each(part, reps, out)
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def _time_each(part: Partition, reps: int, out: dict[str, float]) -> None:
     with torch.no_grad():
         for region in part.regions:
             sub = getattr(part.split, region.name)
@@ -31,7 +42,6 @@ def region_times(part: Partition, *, reps: int = 3) -> dict[str, float]:
                 sub(*args)
                 best = min(best, time.perf_counter() - t)
             out[region.name] = best * 1e3
-    return out
 
 
 def largest(part: Partition, times: dict[str, float], budget: int) -> set[str]:
