@@ -138,6 +138,16 @@ def test_a_region_budget_takes_the_largest_distinct_regions_and_keeps_the_rest_a
     assert abs(sum(r.share or 0 for r in record.regions) - 1.0) < 1e-6
 
 
+def test_kforge_model_refuses_a_region_budget_below_one_in_one_line(tiny: Path, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from kforge.cli import main
+
+    assert main(["model", str(tiny), "--regions", "0", "--out", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "kforge model: --regions takes a count of 1 or more, got 0"
+    assert not (tmp_path / "none").exists()  # nothing started
+
+
 @pytest.mark.parametrize("name", ["llama_dense", "gpt_oss_moe", "llama_dense_decode", "gpt_oss_moe_decode"])
 def test_the_decoders_are_captured_and_cut(name: str) -> None:
     """Prefill of both decoders, and a decode step against the static KV cache the model holds
