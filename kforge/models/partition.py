@@ -66,7 +66,10 @@ def _runs(nodes: list[torch.fx.Node], key: Callable[[torch.fx.Node], str]) -> li
 
 
 def _label(stacks: list[list[str]]) -> str:
-    """The deepest module all of a region's operations ran in, and its children they ran in."""
+    """The deepest module all of a region's operations ran in, and its children they ran in;
+    operations of the model's own forward (a decode step's counters, made again where they are
+    written) do not pull the label up to the model."""
+    stacks = [s for s in stacks if any(s)] or stacks  # the model itself is the path ""
     common: list[str] = []
     for level in zip(*stacks, strict=False):
         if len(set(level)) != 1:
