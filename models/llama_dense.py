@@ -4,7 +4,7 @@ Built from a ``transformers`` LlamaConfig with random weights (nothing is downlo
 of a 1B-class Llama (hidden 2048, 32 heads of 64 with 8 KV heads, SiLU-gated MLP of 8192, vocab
 32000), ``layers`` of them (the GPU budget decides how many: every layer is the same cell, so
 more layers cost time, not compile work), bf16 weights on a GPU. The ``ci`` preset is a tiny
-float32 model for the CPU tests. Needs ``pip install -e '.[models]'``.
+float32 model for the CPU tests, ``ci_bf16`` the same in bf16. Needs ``pip install -e '.[models]'``.
 """
 
 import torch
@@ -22,6 +22,7 @@ layers = 4
 bf16 = 1  # weights and activations in bfloat16 (0: float32)
 PRESETS = {"ci": {"batch": 1, "seq": 16, "hidden": 64, "heads": 4, "kv_heads": 2, "intermediate": 128,
                   "vocab": 256, "layers": 2, "bf16": 0}}
+PRESETS["ci_bf16"] = {**PRESETS["ci"], "bf16": 1}  # the tiny model as the GPU runs it: bf16 weights
 
 
 class Model(nn.Module):

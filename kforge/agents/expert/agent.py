@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from kforge.agents.expert.analysis import recommend
-from kforge.agents.expert.codegen.backend import get_backend
+from kforge.agents.expert.codegen.backend import check_storage, get_backend
 from kforge.agents.expert.errors import UnsupportedError
 from kforge.agents.expert.plan.planner import plan_problem
 from kforge.agents.expert.plan.record import plan_record
@@ -48,6 +48,7 @@ class ExpertAgent:
         try:
             backend = get_backend(request.platform)
             program = plan_problem(request.problem_source)
+            check_storage(backend, program)
             knobs, notes = round_knobs(backend, program, request)
             source = backend.render(program, knobs, request.policy, request.problem_source)
         except UnsupportedError as err:

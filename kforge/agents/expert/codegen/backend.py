@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 class Backend(Protocol):
     platform: str
     steps: tuple[str, ...]  # the precision steps its GEMMs render (ladder order)
+    storage: frozenset[str]  # the storage-only types (bf16, f16) its kernels load and store
 
     def op_tables(self) -> tuple[OpTable, ...]:
         """Every op table the backend renders with (one per math flavour)."""
@@ -113,8 +114,17 @@ def get_backend(platform: str) -> Backend:
     return entry.load()
 
 
+def check_storage(backend: Backend, program: Program) -> None:
+    """UnsupportedError where ``program`` holds a buffer in a type ``backend`` cannot load."""
+    held = sorted({b.storage for b in program.buffers.values() if b.storage} - backend.storage)
+    if held:
+        raise UnsupportedError(f"dtype {', '.join(held)} on the {backend.platform} backend (its kernels read "
+                               f"and write {', '.join(sorted(backend.storage)) or 'no type but f32'} besides f32)")
+
+
 def render_default(program: Program, platform: str, policy: str, problem_source: str) -> str:
     """``program``'s candidate for ``platform`` with round 0's knobs (coverage, tests, benchmarks)."""
     backend = get_backend(platform)
+    check_storage(backend, program)
     knobs = backend.fit(program, backend.default_knobs(program, policy), policy)
     return backend.render(program, knobs, policy, problem_source)

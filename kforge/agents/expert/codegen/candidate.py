@@ -25,7 +25,8 @@ import sympy
 from kforge.agents.expert.errors import UnsupportedError
 from kforge.agents.expert.plan.kernels import Kernel, Program
 
-TORCH_DTYPES = {"f32": "torch.float32", "i64": "torch.int64", "i32": "torch.int32", "bool": "torch.bool"}
+TORCH_DTYPES = {"f32": "torch.float32", "i64": "torch.int64", "i32": "torch.int32", "bool": "torch.bool",
+                "bf16": "torch.bfloat16", "f16": "torch.float16"}
 
 
 def py_expr(expr: Any) -> str:
@@ -187,7 +188,7 @@ def forward_source(program: Program, arg_names: list[str], launch: Callable[[Ker
         if buf.kind == "temp":
             shape = ", ".join(py_expr(s) for s in buf.shape)
             lines.append(f"{buf.name} = torch.empty(({shape}{',' if len(buf.shape) == 1 else ''}), "
-                         f"dtype={TORCH_DTYPES[buf.dtype]}, device=_device)")
+                         f"dtype={TORCH_DTYPES[buf.stored]}, device=_device)")
     for kernel in program.kernels:
         lines.extend(launch(kernel))
     outs = ", ".join(program.outputs)

@@ -20,6 +20,7 @@ from kforge.agents.expert.errors import UnsupportedError
 from kforge.agents.expert.ir import aten  # noqa: F401  (its handlers fill HANDLERS)
 from kforge.agents.expert.ir.graph import (
     DTYPES,
+    STORAGE_DTYPES,
     Graph,
     Node,
     Scalar,
@@ -28,6 +29,7 @@ from kforge.agents.expert.ir.graph import (
     dtype_of,
     numel,
     prune,
+    storage_of,
 )
 from kforge.agents.expert.ir.handlers import HANDLERS
 from kforge.agents.expert.ir.inplace import inplace_on_computed
@@ -43,6 +45,7 @@ class Builder:
         self.nodes: list[Node] = []
         self.env: dict[str, Any] = {}
         self.mutations: list[tuple[Node, Node]] = []
+        self.output_storage: list[str] = []  # per output, the type it is returned in (``Node.storage``)
 
     # -------------------------------------------------------------- helpers
     def add(self, op: str, inputs: list[Node | Scalar], shape: Any, dtype: str, **attrs: Any) -> Node:
@@ -119,14 +122,15 @@ class Builder:
                 shape, dtype = self.meta(fx)
                 self.env[fx.name] = self.add(ph.role, [], shape, dtype, index=index, name=ph.name,
                                              is_buffer=ph.is_buffer)
+                self.env[fx.name].storage = storage_of(fx.meta["val"].dtype)
                 index += 1
             elif fx.op == "get_attr":  # a constant the forward made (``torch.tensor(0.5)``)
                 value = getattr(self.cap.gm, str(fx.target), None)
-                if not isinstance(value, torch.Tensor) or value.numel() != 1 or value.dtype not in DTYPES \
-                        or value.is_meta:
+                if not isinstance(value, torch.Tensor) or value.numel() != 1 or value.is_meta \
+                        or (value.dtype not in DTYPES and value.dtype not in STORAGE_DTYPES):
                     raise UnsupportedError(f"a constant tensor {fx.target} that is not a single number")
                 item = value.item()
-                self.env[fx.name] = self.add("const", [], tuple(value.shape), DTYPES[value.dtype],
+                self.env[fx.name] = self.add("const", [], tuple(value.shape), dtype_of(value.dtype),
                                              value=float(item) if value.is_floating_point() else item)
             elif fx.op == "output":
                 result = fx.args[0]
@@ -135,6 +139,7 @@ class Builder:
                     if not isinstance(r, torch.fx.Node) or not isinstance(self.env.get(r.name), Node):
                         raise UnsupportedError("an output that is not a tensor")
                     outputs.append(self.env[r.name])
+                    self.output_storage.append(storage_of(r.meta["val"].dtype))
             elif fx.op == "call_function":
                 val = fx.meta.get("val")
                 if isinstance(val, torch.SymInt | torch.SymFloat | int | float) and not isinstance(val, bool) \
@@ -169,8 +174,15 @@ class Builder:
 def build_graph(cap: Captured, rewrite: bool = True) -> Graph:
     """The IR of a capture: common values merged, then (``rewrite``) the algebraic rewrites of
     :mod:`.rewrites` (dead values dropped among them), else only the dead values dropped."""
-    graph = cse(Builder(cap).run())
+    builder = Builder(cap)
+    graph = cse(builder.run())
     graph = apply_rewrites(graph) if rewrite else prune(graph)
+    for out, storage in zip(graph.outputs, builder.output_storage, strict=True):  # after the rewrites
+        if out.op in ("input", "param") or out.storage:  # its type in memory is set already
+            if out.storage != storage:
+                raise UnsupportedError(f"a value held as {out.storage or out.dtype} returned as {storage or out.dtype}")
+        else:
+            out.storage = storage
     for node in graph.nodes:
         if node.op == "unsupported":
             raise UnsupportedError(node.attrs.reason)  # type: ignore[attr-defined]

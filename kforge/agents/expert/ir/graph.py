@@ -23,6 +23,10 @@ from kforge.agents.expert.errors import UnsupportedError
 from kforge.agents.expert.ir.ops import NONE, OPS, Attrs
 
 DTYPES = {torch.float32: "f32", torch.int64: "i64", torch.int32: "i32", torch.bool: "bool"}
+# Floating types a tensor may be *stored* in: their values compute in f32 (a node's dtype), are
+# loaded as f32 and rounded once where a buffer of that type is written (``Node.storage``), as
+# Inductor computes bf16 models. Casts between them and f32 are therefore no-ops in the IR.
+STORAGE_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class Node:
     dtype: str
     attrs: Attrs = NONE
     users: list[Node] = field(default_factory=list)
+    storage: str = ""  # a placeholder's or an output's type in memory where not ``dtype`` (bf16, f16)
 
     @property
     def tensors(self) -> list[Node]:
@@ -81,10 +86,18 @@ def numel(shape: tuple[sympy.Expr, ...]) -> sympy.Expr:
 
 
 def dtype_of(value: Any) -> str:
+    """The IR dtype values of torch dtype ``value`` compute in (f32 for the storage types)."""
+    if value in STORAGE_DTYPES:
+        return "f32"
     try:
         return DTYPES[value]
     except KeyError:
         raise UnsupportedError(f"dtype {value}") from None
+
+
+def storage_of(value: Any) -> str:
+    """A ``Node.storage`` for torch dtype ``value``: its name where it is only stored, else ''."""
+    return STORAGE_DTYPES.get(value, "")
 
 
 def _key(node: Node) -> Any:

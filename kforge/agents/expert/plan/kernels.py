@@ -32,6 +32,12 @@ class Buffer:
     dtype: str
     kind: str  # "input" | "param" | "temp" | "output"
     source: str = ""  # forward argument or state_dict name for inputs / params
+    storage: str = ""  # its type in memory where not ``dtype`` (``Node.storage``: bf16, f16)
+
+    @property
+    def stored(self) -> str:
+        """The type its elements have in memory."""
+        return self.storage or self.dtype
 
 
 @dataclass

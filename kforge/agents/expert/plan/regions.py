@@ -45,7 +45,7 @@ class Regions:
                 self.buffers[node] = self.buffers[dst]
                 return self.buffers[dst]
         name = f"buf{len(self.program_buffers)}" if kind == "temp" else (f"{kind}{len(self.program_buffers)}")
-        self.program_buffers[name] = Buffer(name, node.shape, node.dtype, kind, source)
+        self.program_buffers[name] = Buffer(name, node.shape, node.dtype, kind, source, node.storage)
         self.buffers[node] = name
         return name
 

@@ -22,6 +22,7 @@ from kforge.platforms import cpu_runtime
 class CpuBackend:
     platform = "cpu"
     steps: tuple[str, ...] = ()  # fp32 FMA only: no step to move along
+    storage: frozenset[str] = frozenset()  # f32 pointers only
 
     def op_tables(self) -> tuple[OpTable, ...]:
         return (CPU_OPS[True], CPU_OPS[False])

@@ -101,6 +101,7 @@ def wrapper(name: str, fn: str, launcher: list[str]) -> tuple[str, str]:
 class CudaBackend(KernelRecords):
     platform = "cuda"
     steps = CUDA_STEPS
+    storage: frozenset[str] = frozenset()  # float pointers only
     records = RECORDS
 
     def op_tables(self) -> tuple[OpTable, ...]:

@@ -91,6 +91,7 @@ def _default(program: Program, k: Any, policy: str) -> KernelKnobs:
 class TritonBackend(KernelRecords):
     platform = "triton"
     steps = TRITON_STEPS
+    storage = frozenset({"bf16", "f16"})  # loaded as f32 (``.to(tl.float32)``), rounded by the store
     records = RECORDS
     level = TritonProgram
 

@@ -68,8 +68,9 @@ class TritonEmitter:
         return f"({code}) + tl.zeros_like({self.mask}).to(tl.int64)"
 
     def render(self, e: E) -> str:
-        if e.op == "load":
-            return f"tl.load({e.v} + {self.index(e.args[0])}, mask={self.mask}, other=0)"
+        if e.op == "load":  # a float is f32 from here on, whatever the buffer holds (``Buffer.storage``)
+            load = f"tl.load({e.v} + {self.index(e.args[0])}, mask={self.mask}, other=0)"
+            return f"{load}.to(tl.float32)" if e.dt == "f32" else load
         if e.op not in TRITON_OPS:  # through the op's decomposition (ops of the table)
             return self(decompose(e))
         return render(TRITON_OPS, Call(tuple(self(x) for x in e.args), e))

@@ -162,6 +162,9 @@ def _kf_tma(t, off, strides, nb, rows, cols, block):
 '''.replace("@LO_SCALE@", f"{FP16_LO_SCALE}.0")
 
 
+AS_F32 = ".to(tl.float32)"  # an operand read as it is stored (f32, bf16, f16) computes in f32
+
+
 def uses_precast(knobs: list[TritonGemm]) -> bool:
     return any(k.precast for k in knobs)
 
@@ -225,18 +228,19 @@ def gemm_kernel(k: GemmKernel, knobs: TritonGemm) -> tuple[str, list[str]]:
     def tma_lines() -> str:  # TMA tiles: [BLOCK_M, BLOCK_K] of A (transposed here), [BLOCK_N, BLOCK_K] of B
         out = [f"            {name} = tl.trans({'alo' if name == 'a_lo' else 'a'}_desc.load([pid_m * BLOCK_M, k0]))"
                for name in loads["a"]]
-        return "\n".join(out + ["            b = b_desc.load([pid_n * BLOCK_N, k0])"])
+        return "\n".join(out + ["            b = b_desc.load([pid_n * BLOCK_N, k0]).to(tl.float32)"])
 
     def load_lines(masked: bool) -> str:
         out = []
         for name in loads["a"]:
             ptr = f"{'pa_lo' if name == 'a_lo' else 'pa_hi'} + a_off" if precast else f"{k.a.buffer} + a_off"
             mask = f", mask={a_k} < K_LEFT, other=0.0" if masked else ""
-            out.append(f"            {name} = tl.load({ptr}{mask})")
+            out.append(f"            {name} = tl.load({ptr}{mask})" + ("" if precast else AS_F32))
         for name in loads["b"]:
-            ptr = f"{'pb_lo' if name == 'b_lo' else 'pb_hi'} + b_off" if precast and not b_regs else f"{k.b.buffer} + b_off"
+            raw = not (precast and not b_regs)
+            ptr = f"{k.b.buffer} + b_off" if raw else f"{'pb_lo' if name == 'b_lo' else 'pb_hi'} + b_off"
             mask = f", mask={b_k} < K_LEFT, other=0.0" if masked else ""
-            out.append(f"            {name} = tl.load({ptr}{mask})")
+            out.append(f"            {name} = tl.load({ptr}{mask})" + (AS_F32 if raw else ""))
         return "\n".join(out).replace("K_LEFT", f"{K} - k0")
 
     a_rel = "" if gather else f"(bb * {sa[0]} + " + ("oa" if precast else stride(k.a.offset)) + ")"
