@@ -10,7 +10,9 @@ partition has more than N distinct regions (its pipeline's cost) for a later swe
 larger N: the row says so, it counts as not verified, and the next sweep runs it. ``--regions N``
 runs such a file anyway, its N distinct regions with the largest share of the forward's time
 through the pipeline and the rest as their own ops (``kforge model --regions``); the row says
-how many were tried. ``--deadline`` seconds: no file starts after it.
+how many were tried. ``--deadline`` seconds bound the whole sweep: no file starts after it, and a
+file still running at it is stopped (its whole process group) and gets no row, so the next sweep
+(a later device call) runs it again.
 
 The table: per file how far it got (captured, partitioned, the regions' pipeline, stitched,
 verified end to end, timed), its regions (all, distinct, shipped) and the end-to-end speedup
@@ -24,9 +26,11 @@ import argparse
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -68,51 +72,88 @@ def _distinct(path: Path, preset: str) -> tuple[int, int, str]:
     return len(part.regions), len({r.digest for r in part.regions}), ""
 
 
+def _call(cmd: list[str], timeout: float) -> tuple[int | None, list[str]]:
+    """Run ``cmd`` in a session of its own; at ``timeout`` the whole session (its pipeline's
+    Snakemake and the jobs under it) is killed. (exit code or None when cut, last output lines)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ), start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=max(timeout, 1.0))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return None, [f"timed out after {timeout:.0f} s"]
+    return proc.returncode, out.strip().splitlines()[-3:]
+
+
+def _execute(path: Path, row: dict[str, object], cmd: list[str], work: Path, regions: int, distinct: int,
+             args: argparse.Namespace, start: float) -> dict[str, object] | None:
+    """One file's ``kforge model`` run and its row; None where the sweep's deadline cut it."""
+    t0 = time.monotonic()
+    left = args.deadline - (t0 - start)
+    code, tail = _call(cmd, min(args.timeout, left))
+    if code is None and left < args.timeout:  # cut by the deadline, not by its own timeout: resumed later
+        print(f"deadline: {path.name} stopped after {time.monotonic() - t0:.0f} s, no row", flush=True)
+        return None
+    row["seconds"] = round(time.monotonic() - t0, 1)
+    record = json.loads((work / "model.json").read_text()) if (work / "model.json").is_file() else None
+    if record is None:
+        row.update(stage="capture", error=" | ".join(tail)[-400:])
+    else:
+        e2e = record.get("e2e") or {}
+        row.update(stage=record["stage"], error=record.get("error", ""), regions=len(record["regions"]) or regions,
+                   distinct=record.get("distinct_regions") or distinct, shipped=record.get("shipped_regions", 0),
+                   verified=bool(e2e.get("verified")), reason=e2e.get("reason", ""),
+                   speedup=e2e.get("speedup"), low=e2e.get("low"), status=e2e.get("status", ""),
+                   candidate_ms=e2e.get("candidate_ms"), eager_ms=e2e.get("eager_ms"),
+                   compile_ms=e2e.get("compile_ms"), detail=(e2e.get("detail") or "")[:300])
+    return row
+
+
 def run(args: argparse.Namespace) -> int:
+    """Each file not in the JSONL yet, ``--jobs`` at a time (each its own ``kforge model`` with
+    ``--cores``), a row appended as each ends."""
     args.out.parent.mkdir(parents=True, exist_ok=True)
     done = _done(args.out)
     start = time.monotonic()
-    for path in _files(args.folder, set(args.only.split(",")) if args.only else set()):
-        if path.name in done:
-            continue
-        if time.monotonic() - start > args.deadline:
-            print(f"deadline: stopping before {path.name}", flush=True)
-            break
-        row: dict[str, object] = {"file": path.name, "platform": args.platform, "policy": args.policy,
-                                  "preset": args.preset}
-        regions, distinct, error = _distinct(path, args.preset)
-        if args.max_distinct and distinct > args.max_distinct and not args.regions:
-            row.update(stage="partition", regions=regions, distinct=distinct,
-                       error=f"{NOT_RUN} {distinct} distinct regions > --max-distinct {args.max_distinct}")
-        else:
+
+    def write(row: dict[str, object] | None) -> None:
+        if row is None:
+            return
+        with args.out.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        print(f"{row['file']:40} {row.get('stage'):10} verified={row.get('verified', False)} "
+              f"{row.get('speedup') or '-'} {row.get('error') or ''}"[:300], flush=True)
+
+    running: set[Future[dict[str, object] | None]] = set()
+    with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
+        for path in _files(args.folder, set(args.only.split(",")) if args.only else set()):
+            if path.name in done:
+                continue
+            while len(running) >= max(args.jobs, 1):
+                finished, running = wait(running, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    write(f.result())
+            if time.monotonic() - start > args.deadline:
+                print(f"deadline: stopping before {path.name}", flush=True)
+                break
+            row: dict[str, object] = {"file": path.name, "platform": args.platform, "policy": args.policy,
+                                      "preset": args.preset}
+            regions, distinct, error = _distinct(path, args.preset)
+            if args.max_distinct and distinct > args.max_distinct and not args.regions:
+                row.update(stage="partition", regions=regions, distinct=distinct,
+                           error=f"{NOT_RUN} {distinct} distinct regions > --max-distinct {args.max_distinct}")
+                write(row)
+                continue
             work = args.work / path.stem
             cmd = [sys.executable, "-m", "kforge.cli", "model", str(path), "--platform", args.platform,
                    "--policy", args.policy, "--preset", args.preset, "--cores", str(args.cores),
                    "--out", str(work), *(["--regions", str(args.regions)] if args.regions else [])]
             if args.regions and distinct > args.regions:
                 row["tried"] = args.regions
-            t0 = time.monotonic()
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=dict(os.environ))
-                tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
-            except subprocess.TimeoutExpired:
-                tail = [f"timed out after {args.timeout} s"]
-            row["seconds"] = round(time.monotonic() - t0, 1)
-            record = json.loads((work / "model.json").read_text()) if (work / "model.json").is_file() else None
-            if record is None:
-                row.update(stage="capture", error=" | ".join(tail)[-400:])
-            else:
-                e2e = record.get("e2e") or {}
-                row.update(stage=record["stage"], error=record.get("error", ""), regions=len(record["regions"]) or regions,
-                           distinct=record.get("distinct_regions") or distinct, shipped=record.get("shipped_regions", 0),
-                           verified=bool(e2e.get("verified")), reason=e2e.get("reason", ""),
-                           speedup=e2e.get("speedup"), low=e2e.get("low"), status=e2e.get("status", ""),
-                           candidate_ms=e2e.get("candidate_ms"), eager_ms=e2e.get("eager_ms"),
-                           compile_ms=e2e.get("compile_ms"), detail=(e2e.get("detail") or "")[:300])
-        with args.out.open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
-        print(f"{path.name:40} {row.get('stage'):10} verified={row.get('verified', False)} "
-              f"{row.get('speedup') or '-'} {row.get('error') or ''}"[:300], flush=True)
+            running.add(pool.submit(_execute, path, row, cmd, work, regions, distinct, args, start))
+        for f in running:
+            write(f.result())
     return 0
 
 
@@ -159,13 +200,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--platform", default="cpu")
     p.add_argument("--policy", default="strict")
     p.add_argument("--preset", default="ci")
-    p.add_argument("--cores", type=int, default=2)
+    p.add_argument("--cores", type=int, default=2, help="each file's kforge model --cores")
+    p.add_argument("--jobs", type=int, default=1, help="files run at once")
     p.add_argument("--only", default="", help="file id prefixes, comma separated (4,9,44)")
     p.add_argument("--max-distinct", type=int, default=0, help="leave files with more distinct regions for later")
     p.add_argument("--regions", type=int, default=0, help="kforge model --regions N: the N distinct regions with the "
                    "largest share of the forward through the pipeline, the rest their own ops")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per file")
-    p.add_argument("--deadline", type=float, default=1e9, help="no file starts after this many seconds")
+    p.add_argument("--deadline", type=float, default=1e9, help="seconds for the whole sweep: no file starts after it, and one still running at it is "
+                   "stopped and left without a row (the next sweep runs it again)")
     p.set_defaults(func=run)
     p = sub.add_parser("table")
     p.add_argument("jsonl", type=Path)

@@ -218,6 +218,37 @@ def test_the_sweep_table_counts_every_file_and_a_file_without_a_faster_forward_a
     assert "geomean 1.414x" in out  # 4.0 over four files: 4 ** (1 / 4)
 
 
+def test_a_sweep_file_cut_at_its_timeout_takes_its_whole_process_group(tmp_path: Path) -> None:
+    """models_sweep's per-file call: at the timeout the file's pipeline (Snakemake and the jobs
+    under it) dies with it, so a sweep cut by its deadline leaves nothing on the device."""
+    import importlib.util
+    import sys
+    import time
+
+    spec = importlib.util.spec_from_file_location("models_sweep", REPO / "benchmarks" / "models_sweep.py")
+    assert spec is not None and spec.loader is not None
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    pid_file = tmp_path / "grandchild.pid"
+    child = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+             f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    t0 = time.monotonic()
+    code, tail = sweep._call([sys.executable, "-c", child], 3.0)
+    assert code is None and tail == ["timed out after 3 s"] and time.monotonic() - t0 < 30
+    grandchild = int(pid_file.read_text())
+    status = Path(f"/proc/{grandchild}/status")
+    for _ in range(50):
+        try:
+            if "zombie" in status.read_text():  # dead, not yet reaped by whoever adopted it
+                break
+        except FileNotFoundError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the grandchild outlived the cut file")
+    assert sweep._call([sys.executable, "-c", "print('a'); print('b')"], 30.0) == (0, ["a", "b"])
+
+
 def test_a_plain_tensor_attribute_is_not_lent_to_a_region_kernel() -> None:
     """VanillaRNN keeps its hidden state as a plain tensor attribute it reassigns each call: a
     region's kernel cannot be lent it (it would read a stale state), and the stitch says so."""

@@ -67,17 +67,14 @@ def run_pipeline(workdir: Path, *, cores: int, timeout_s: float = 6 * 3600) -> N
 
 def region_results(workdir: Path) -> dict[str, RegionResult]:
     """The report's row of every region problem, the shipped kernels' sources from the store."""
-    import duckdb
+    import pyarrow.parquet as pq  # not duckdb: a GPU host may have only what the pipeline needs
 
     from kforge.store import Store
 
     report = workdir / "artifacts" / "report.parquet"
-    rel = duckdb.sql(f"select * from '{report}'")
-    cols = [c[0] for c in rel.description]
     store = Store(workdir / "artifacts")
     out = {}
-    for values in rel.fetchall():
-        row = dict(zip(cols, values, strict=True))
+    for row in pq.read_table(report).to_pylist():
         source = None
         if row.get("verified") and row.get("best_source"):
             source = store.get_bytes(row["best_source"]).decode()
