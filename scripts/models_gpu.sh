@@ -7,7 +7,7 @@
 # sizes), KFORGE_MODEL_JOBS files at once (default 1), the cores shared among them. The sweep's JSONL lives in STATE_DIR (carry
 # it back in on the next call: files with a row are skipped, a file cut by the deadline has none
 # and runs again); OUT_DIR gets the JSONL, the GPU's name and versions, and per file its
-# model.json, regions.parquet, stitched.py and the regions' report (no build folders).
+# model.json, regions.parquet, stitched.py, the regions' report and Snakemake log (no build folders).
 set -uo pipefail
 wheels=$1; state=$2; out=$3; budget=$4; folder=$5; shift 5
 start=$(date +%s)
@@ -29,6 +29,6 @@ pkill -KILL -f 'kforge[.]stages' 2>/dev/null; pkill -KILL -f 'kforge[.]verifier[
 [ -f "$jsonl" ] && cp "$jsonl" "$out/"
 ( cd .models/work 2>/dev/null && find . -maxdepth 2 \( -name model.json -o -name regions.parquet -o -name stitched.py \) -print0 \
     | tar czf "$out/models.tgz" --null -T - 2>/dev/null )
-( cd .models/work 2>/dev/null && find . -path '*/pipeline/artifacts/report.parquet' -print0 \
-    | tar czf "$out/reports.tgz" --null -T - 2>/dev/null )
+( cd .models/work 2>/dev/null && find . \( -path '*/pipeline/artifacts/report.parquet' -o -path '*/pipeline/.snakemake/log/*.log' \) -print0 \
+    | tar czf "$out/reports.tgz" --null -T - 2>/dev/null )  # the Snakemake logs say how far a cut file got
 echo "done after $(( $(date +%s) - start )) s" | tee -a "$out/versions.txt"
