@@ -244,3 +244,51 @@ def test_the_candidates_result_cap_is_sized_from_what_the_reference_sent() -> No
     sized = candidate_limits(base, big)
     assert sized.result_bytes >= 2 * 1200 * (1 << 20) > base.result_bytes
     assert REFERENCE_RESULT_BYTES > base.result_bytes and sized.timeout_s == base.timeout_s
+
+
+BF16_CANCEL = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return (x * 1.1 + x * 0.7) - x * 1.75  # 0.05 x; in bf16 each op rounds (2^-9 of ~|x|)
+
+def get_inputs():
+    return [torch.randn(64, 256, dtype=torch.bfloat16)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.mark.parametrize("factor, ok", [(1.0, True), (2.0, False)])
+def test_a_bf16_problem_is_judged_against_float64_with_the_reference_s_own_error(tmp_path: Path, factor: float,
+                                                                                 ok: bool) -> None:
+    """A bf16 reference rounds every op's result: here it is ~8% off the float64 answer, past
+    the relaxed tolerance, while a kernel computing in f32 and rounding once is 0.2% off. A
+    bf16 answer is judged against float64 too (rule ``exact``, or ``as_reference``: within the
+    reference's own error), in the cases and the repeat phase, which a bf16 attention failed as
+    ``stale_output``; a kernel twice the answer still fails."""
+    from kforge.verifier.verify import run_verification
+
+    problem = tmp_path / "bf16_cancel.py"
+    problem.write_text(BF16_CANCEL)
+    candidate = f'''
+import torch
+import torch.nn as nn
+from torch.profiler import record_function
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        with record_function("kforge::cancel"):
+            v = x.float()
+            return (v * ((1.1 + 0.7 - 1.75) * {factor})).to(torch.bfloat16)
+'''
+    v = run_verification(candidate, problem, platform="cpu", policy="relaxed", timeout_s=120, static=False)
+    assert v.ok is ok, v.detail
+    if ok:
+        rules = {m.dist: m.rule for m in v.margins if not m.other_sizes}
+        assert rules["native"] in ("exact", "as_reference"), rules  # the native case too, not only stress ones
+    else:
+        assert v.reason == "output_mismatch", v.reason
