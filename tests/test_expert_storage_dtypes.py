@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -62,32 +61,39 @@ def get_init_inputs():
 
 RUN = """
 import json, sys, torch
-ns, cand = {}, {}
-exec(compile(open(sys.argv[1]).read(), "problem", "exec"), ns)
-exec(compile(open(sys.argv[2]).read(), "candidate", "exec"), cand)
-torch.manual_seed(0)
-ref = ns["Model"](*ns["get_init_inputs"]())
-new = cand["ModelNew"](*ns["get_init_inputs"]())
-new.load_state_dict(ref.state_dict())
-torch.manual_seed(1)
-inputs = ns["get_inputs"]()
-with torch.no_grad():
-    r, c = ref(*inputs), new(*inputs)
-r, c = (r, c) if isinstance(r, tuple) else ((r,), (c,))
-print(json.dumps([{"ref": str(a.dtype), "out": str(b.dtype), "shape": list(b.shape) == list(a.shape),
-                   "err": float(((b.double() - a.double()).abs() / (1e-2 + 1e-2 * a.double().abs())).max())}
-                  for a, b in zip(r, c)]))
+results = {}
+for name, problem, candidate in json.loads(open(sys.argv[1]).read()):
+    ns, cand = {}, {}
+    exec(compile(problem, "problem", "exec"), ns)
+    exec(compile(candidate, "candidate", "exec"), cand)
+    torch.manual_seed(0)
+    ref = ns["Model"](*ns["get_init_inputs"]())
+    new = cand["ModelNew"](*ns["get_init_inputs"]())
+    new.load_state_dict(ref.state_dict())
+    torch.manual_seed(1)
+    inputs = ns["get_inputs"]()
+    with torch.no_grad():
+        r, c = ref(*inputs), new(*inputs)
+    r, c = (r, c) if isinstance(r, tuple) else ((r,), (c,))
+    results[name] = [{"ref": str(a.dtype), "out": str(b.dtype), "shape": list(b.shape) == list(a.shape),
+                      "err": float(((b.double() - a.double()).abs() / (1e-2 + 1e-2 * a.double().abs())).max())}
+                     for a, b in zip(r, c)]
+print(json.dumps(results))
 """
+CASES = {"swiglu_relaxed": (SWIGLU, "relaxed"), "swiglu_strict": (SWIGLU, "strict"), "half": (HALF, "relaxed")}
 
 
-def _interpreted(tmp_path: Path, problem: str, policy: str) -> list[dict[str, object]]:
-    source = render_default(plan_problem(problem), "triton", policy, problem)
-    (tmp_path / "problem.py").write_text(problem)
-    (tmp_path / "cand.py").write_text(source)
-    (tmp_path / "run.py").write_text(RUN)
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, object]]]:
+    """Every case's Triton candidate run under the interpreter, in one process (one start-up)."""
+    folder = tmp_path_factory.mktemp("storage")
+    cases = [[name, problem, render_default(plan_problem(problem), "triton", policy, problem)]
+             for name, (problem, policy) in CASES.items()]
+    (folder / "cases.json").write_text(json.dumps(cases))
+    (folder / "run.py").write_text(RUN)
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, str(tmp_path / "run.py"), str(tmp_path / "problem.py"),
-                           str(tmp_path / "cand.py")], capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run([sys.executable, str(folder / "run.py"), str(folder / "cases.json")],
+                          capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -104,16 +110,17 @@ def test_storage_types_compute_in_f32_and_are_kept_in_memory() -> None:
 
 
 @pytest.mark.parametrize("policy", ["relaxed", "strict"])
-def test_bf16_swiglu_on_triton_matches_the_bf16_reference(tmp_path: Path, policy: str) -> None:
-    (row,) = _interpreted(tmp_path, SWIGLU, policy)
+def test_bf16_swiglu_on_triton_matches_the_bf16_reference(interpreted: dict[str, list[dict[str, object]]],
+                                                          policy: str) -> None:
+    (row,) = interpreted[f"swiglu_{policy}"]
     assert row["ref"] == row["out"] == "torch.bfloat16" and row["shape"]
     # within the relaxed tolerance (|c - r| <= 1e-2 + 1e-2 |r|): the reference rounds every op's
     # result to bf16 (2^-9 relative), the kernel only what it returns
     assert row["err"] < 1.0, row
 
 
-def test_f16_outputs_keep_each_returned_type(tmp_path: Path) -> None:
-    first, second = _interpreted(tmp_path, HALF, "relaxed")
+def test_f16_outputs_keep_each_returned_type(interpreted: dict[str, list[dict[str, object]]]) -> None:
+    first, second = interpreted["half"]
     assert first["ref"] == first["out"] == "torch.float16"
     assert second["ref"] == second["out"] == "torch.float32"
     assert first["err"] < 1.0 and second["err"] < 1.0, (first, second)
