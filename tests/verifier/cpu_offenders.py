@@ -176,8 +176,11 @@ if _repeats is not None:
 
 def reference_cache_reader(cache_dir: str) -> str:
     """Computes nothing: copies the answer for its input out of the reference cache's files
-    (verified with max error 0 while the sandbox showed the whole host read-only)."""
-    return candidate(f"""        y = torch.empty_like(x)
+    (verified with max error 0 while the sandbox showed the whole host read-only). Where it
+    finds none, its answer is one computed row and zeros: always a wrong answer, never the
+    uninitialised memory that read as NaN in one CI run (``nonfinite``, not the reason the
+    tests name)."""
+    return candidate(f"""        y = torch.zeros_like(x)
         self._run(x, y, 1)
         raw_x = ctypes.string_at(x.data_ptr(), x.numel() * x.element_size())
         want = hashlib.sha256(f"{{tuple(x.shape)}}{{x.dtype}}".encode() + raw_x).hexdigest()
